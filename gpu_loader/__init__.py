@@ -1,0 +1,45 @@
+"""gpu_loader: a thread-based PyTorch image data loader.
+
+Importing this package needs neither a GPU nor any GPU package: torch, cupy,
+nvImageCodec and NVML are imported lazily by the modules that use them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Names resolved lazily on first use so `import gpu_loader` stays cheap and torch-free.
+_LAZY = {
+    "batching": "gpu_loader.batching",
+    "cuda": "gpu_loader.cuda",
+    "monitor": "gpu_loader.monitor",
+    "ops": "gpu_loader.ops",
+    "pipeline": "gpu_loader.pipeline",
+    "sources": "gpu_loader.sources",
+}
+
+__all__ = [
+    "__version__",
+    "batching",
+    "cuda",
+    "monitor",
+    "ops",
+    "pipeline",
+    "sources",
+]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'gpu_loader' has no attribute {name!r}")
+    value = importlib.import_module(target)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,1 @@
+"""gpu_loader.batching (see README.md in this folder)."""

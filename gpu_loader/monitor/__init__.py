@@ -1,0 +1,1 @@
+"""gpu_loader.monitor (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""gpu_loader.ops (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""gpu_loader.pipeline (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""gpu_loader.sources (see README.md in this folder)."""

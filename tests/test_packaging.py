@@ -1,0 +1,107 @@
+"""kernels/ ships inside the wheel and is found at run time from an installed copy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (found,) = out.glob("gpu_loader-*.whl")
+    return found
+
+
+def test_wheel_contains_kernels_and_typing_marker(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        "gpu_loader/kernels/" + p.name
+        for p in (ROOT / "kernels").iterdir()
+        if p.suffix in {".cu", ".cuh", ".h", ".md"}
+    }
+    assert "gpu_loader/kernels/README.md" in expected
+    assert expected <= names
+    assert "gpu_loader/py.typed" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "gpu-loader = gpu_loader.cli:main" in text
+
+
+def test_installed_wheel_finds_kernels(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    code = (
+        f"import sys; sys.path.insert(0, {str(target)!r});"
+        "import gpu_loader, gpu_loader._resources as r;"
+        "print(gpu_loader.__file__); print(r.kernel_dir());"
+        "print(r.read_kernel('README.md').splitlines()[0])"
+    )
+    # -I: ignore the environment and the source checkout, so only the wheel's copy is seen.
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    pkg_file, kdir, first = result.stdout.strip().splitlines()
+    assert pkg_file.startswith(str(target))
+    assert str(target / "gpu_loader" / "kernels") in kdir
+    assert first == "# kernels/"
+
+
+def test_every_subpackage_is_listed_for_the_wheel() -> None:
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {
+        "gpu_loader"
+        + "".join("." + part for part in init.parent.relative_to(ROOT / "gpu_loader").parts)
+        for init in (ROOT / "gpu_loader").rglob("__init__.py")
+    }
+    assert on_disk | {"gpu_loader.kernels"} == listed

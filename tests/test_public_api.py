@@ -1,0 +1,38 @@
+"""The public surface is small, sorted and exactly the documented names."""
+
+from __future__ import annotations
+
+import gpu_loader
+
+# The documented top-level names (README "Public API", docs/architecture.md).
+DOCUMENTED = [
+    "__version__",
+    "batching",
+    "cuda",
+    "monitor",
+    "ops",
+    "pipeline",
+    "sources",
+]
+
+
+def test_all_is_sorted() -> None:
+    assert list(gpu_loader.__all__) == sorted(gpu_loader.__all__)
+
+
+def test_all_is_the_documented_surface() -> None:
+    assert list(gpu_loader.__all__) == DOCUMENTED
+
+
+def test_every_public_name_resolves() -> None:
+    for name in gpu_loader.__all__:
+        assert getattr(gpu_loader, name) is not None
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    try:
+        gpu_loader.not_a_name  # noqa: B018
+    except AttributeError as exc:
+        assert "not_a_name" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
