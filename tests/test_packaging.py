@@ -104,4 +104,4 @@ def test_every_subpackage_is_listed_for_the_wheel() -> None:
         + "".join("." + part for part in init.parent.relative_to(ROOT / "gpu_loader").parts)
         for init in (ROOT / "gpu_loader").rglob("__init__.py")
     }
-    assert on_disk | {"gpu_loader.kernels"} == listed
+    assert on_disk | {"gpu_loader.kernels", "gpu_loader.benchmarks"} == listed
