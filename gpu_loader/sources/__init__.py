@@ -1,1 +1,33 @@
-"""gpu_loader.sources (see README.md in this folder)."""
+"""Where samples come from and in what order (see README.md in this folder).
+
+Indexes (``ImageFolder``, ``FileList``, ``TarShards``) implement ``SampleIndex``: keys,
+labels and byte reads. ``Sampler`` orders, shards and resumes; ``sample_rng`` gives each
+sample its own deterministic random stream.
+"""
+
+from __future__ import annotations
+
+from gpu_loader.sources._base import SampleIndex
+from gpu_loader.sources._distributed import resolve_distributed
+from gpu_loader.sources._filelist import FileList
+from gpu_loader.sources._folder import IMG_EXTENSIONS, ImageFolder
+from gpu_loader.sources._io import BufferTooSmallError, is_url
+from gpu_loader.sources._open import open_index
+from gpu_loader.sources._rng import sample_rng
+from gpu_loader.sources._sampler import Sampler
+from gpu_loader.sources._tar import TarShards, expand_urls
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "BufferTooSmallError",
+    "FileList",
+    "ImageFolder",
+    "SampleIndex",
+    "Sampler",
+    "TarShards",
+    "expand_urls",
+    "is_url",
+    "open_index",
+    "resolve_distributed",
+    "sample_rng",
+]

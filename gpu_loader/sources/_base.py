@@ -1,0 +1,150 @@
+"""The ``SampleIndex`` protocol and the shared one-file-per-sample index."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from gpu_loader.sources import _io
+
+if TYPE_CHECKING:
+    from gpu_loader.sources._io import Buffer
+
+
+@runtime_checkable
+class SampleIndex(Protocol):
+    """What the loader needs from a dataset: keys, labels and a way to read bytes.
+
+    Every method takes a sample index ``0 <= i < len(index)``; reads raise errors that
+    name the sample's key (``FileNotFoundError`` for a missing file).
+    """
+
+    classes: list[str]
+
+    def __len__(self) -> int: ...
+
+    def key(self, i: int) -> str:
+        """A stable, human-readable key: the path or URL, or ``shard.tar:member``."""
+        ...
+
+    def label(self, i: int) -> int: ...
+
+    @property
+    def labels(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        """All labels, int64, one per sample (-1 where a sample has none)."""
+        ...
+
+    def read(self, i: int) -> bytes: ...
+
+    def readinto(self, i: int, buf: Buffer) -> int:
+        """Write sample ``i`` into ``buf``; returns the byte count (BufferTooSmallError if it won't fit)."""
+        ...
+
+    def nbytes(self, i: int) -> int | None:
+        """The sample's size in bytes when known cheaply, else None."""
+        ...
+
+    def fingerprint(self) -> str:
+        """A stable hash of the keys and labels (resume checks compare it)."""
+        ...
+
+
+def check_index(i: int, length: int) -> int:
+    """``i`` as a plain int in ``[0, length)``; IndexError otherwise."""
+    j = operator.index(i)
+    if not 0 <= j < length:
+        raise IndexError(f"sample index {j} is out of range for an index of {length} samples")
+    return j
+
+
+def check_label(label: object, where: str) -> int:
+    """A label must be an integer (numpy integers too, never bool or float)."""
+    if isinstance(label, bool) or not isinstance(label, int | np.integer):
+        raise TypeError(f"label of {where} must be an int, got {label!r} ({type(label).__name__})")
+    return int(label)
+
+
+def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
+    """sha256 over (name, label) pairs; the first 16 bytes as hex are plenty for a check."""
+    h = hashlib.sha256()
+    count = 0
+    for name, label in zip(names, labels.tolist(), strict=True):
+        h.update(f"{name}\0{label}\n".encode())
+        count += 1
+    h.update(f"count={count}".encode())
+    return h.hexdigest()[:32]
+
+
+class FileIndex:
+    """Shared body of indexes with one file (local path or URL) per sample.
+
+    ``sizes`` may hold -1 for "unknown"; local files are then ``stat``-ed on first
+    ``nbytes`` call and cached (one syscall, done lazily so a huge folder lists fast).
+    """
+
+    classes: list[str]
+
+    def __init__(
+        self,
+        locations: Sequence[str],
+        labels: np.ndarray,
+        sizes: np.ndarray | None,
+        fingerprint_names: Sequence[str] | None,
+        classes: list[str],
+    ) -> None:
+        self._locations = list(locations)
+        self._labels = np.ascontiguousarray(labels, dtype=np.int64)
+        self._labels.flags.writeable = False
+        n = len(self._locations)
+        self._sizes = np.full(n, -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
+        self._fp_names = self._locations if fingerprint_names is None else list(fingerprint_names)
+        self._fingerprint: str | None = None
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return len(self._locations)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} samples, {len(self.classes)} classes)"
+
+    def key(self, i: int) -> str:
+        return self._locations[check_index(i, len(self))]
+
+    def label(self, i: int) -> int:
+        return int(self._labels[check_index(i, len(self))])
+
+    @property
+    def labels(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        return self._labels  # read-only view: callers cannot corrupt the index
+
+    def read(self, i: int) -> bytes:
+        key = self.key(i)
+        return _io.read_file(key, key)
+
+    def readinto(self, i: int, buf: Buffer) -> int:
+        key = self.key(i)
+        return _io.readinto_file(key, key, buf)
+
+    def nbytes(self, i: int) -> int | None:
+        j = check_index(i, len(self))
+        size = int(self._sizes[j])
+        if size >= 0:
+            return size
+        location = self._locations[j]
+        if _io.local_path(location) is None:
+            return None  # a remote size needs a request: not cheap
+        try:
+            size = _io.file_size(location)
+        except FileNotFoundError:
+            raise _io.not_found(location, location) from None
+        self._sizes[j] = size
+        return size
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_of(self._fp_names, self._labels)
+        return self._fingerprint

@@ -1,0 +1,149 @@
+"""ImageFolder: one sub-folder per class, labels from sorted folder names (torchvision's rule)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpu_loader.sources import _io
+from gpu_loader.sources._base import FileIndex
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively like torchvision.
+IMG_EXTENSIONS: tuple[str, ...] = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".ppm",
+    ".bmp",
+    ".pgm",
+    ".tif",
+    ".tiff",
+    ".webp",
+)
+
+
+class ImageFolder(FileIndex):
+    """``root/<class>/**/<file>.<ext>``, labelled exactly as ``torchvision.datasets.ImageFolder``.
+
+    Classes are the sorted names of ``root``'s sub-folders; files are taken in the order
+    of ``sorted(os.walk(class_dir))`` then sorted names, and only with a recognised image
+    extension. ``root`` may be a local folder or any fsspec URL (``memory://``, ``s3://``).
+    Keys are the files' paths (or URLs); the fingerprint uses paths relative to ``root``
+    so a dataset moved to another mount still resumes. A class folder without images is
+    an error unless ``allow_empty=True`` (it then keeps its label but has no samples).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        extensions: Sequence[str] = IMG_EXTENSIONS,
+        allow_empty: bool = False,
+    ) -> None:
+        root_s = os.fspath(root)
+        exts = tuple(e.lower() for e in extensions)
+        if not exts or not all(e.startswith(".") for e in exts):
+            raise ValueError(
+                f"`extensions` must be non-empty and start with '.', got {extensions!r}"
+            )
+        self.root = root_s
+        self.extensions = exts
+        path = _io.local_path(root_s)
+        if path is not None:
+            classes, files = _scan_local(path, exts, allow_empty)
+            if root_s.startswith("file://"):
+                files = [(f"file://{p}", rel, c, s) for p, rel, c, s in files]
+        else:
+            classes, files = _scan_fsspec(root_s, exts, allow_empty)
+        self.class_to_idx = {name: i for i, name in enumerate(classes)}
+        n = len(files)
+        super().__init__(
+            [f[0] for f in files],
+            np.fromiter((f[2] for f in files), np.int64, n),
+            np.fromiter((f[3] for f in files), np.int64, n),
+            [f[1] for f in files],
+            list(classes),
+        )
+
+
+# (location, path relative to root with "/" separators, label, size or -1)
+_Found = tuple[str, str, int, int]
+
+
+def _no_classes(root: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"ImageFolder found no class folders in {root!r}; expected root/<class>/<image> "
+        "(one sub-folder per class)"
+    )
+
+
+def _no_files(root: str, empty: list[str], exts: tuple[str, ...]) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"ImageFolder found no image files for the classes {', '.join(empty)} in {root!r}; "
+        f"supported extensions are {', '.join(exts)} (pass extensions=... to change them, "
+        "or allow_empty=True to keep empty classes)"
+    )
+
+
+def _scan_local(
+    root: str, exts: tuple[str, ...], allow_empty: bool
+) -> tuple[list[str], list[_Found]]:
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise _no_classes(root)
+    files: list[_Found] = []
+    empty: list[str] = []
+    for label, name in enumerate(classes):
+        before = len(files)
+        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for fname in sorted(fnames):
+                if fname.lower().endswith(exts):
+                    full = os.path.join(dirpath, fname)
+                    rel = os.path.relpath(full, root).replace(os.sep, "/")
+                    # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
+                    files.append((full, rel, label, -1))
+        if len(files) == before:
+            empty.append(name)
+    if empty and not allow_empty:
+        raise _no_files(root, empty, exts)
+    return classes, files
+
+
+def _scan_fsspec(
+    root: str, exts: tuple[str, ...], allow_empty: bool
+) -> tuple[list[str], list[_Found]]:
+    fs, inner = _io.fsspec_fs(root)
+    inner = inner.rstrip("/")
+    if not fs.isdir(inner):
+        raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")
+    entries = fs.ls(inner, detail=True)
+    classes = sorted(
+        posixpath.basename(e["name"].rstrip("/")) for e in entries if e["type"] == "directory"
+    )
+    if not classes:
+        raise _no_classes(root)
+    prefix = root.rstrip("/")
+    files: list[_Found] = []
+    empty: list[str] = []
+    for label, name in enumerate(classes):
+        found = fs.find(f"{inner}/{name}", detail=True)
+        chosen = []
+        for path, info in found.items():
+            if info.get("type") == "file" and posixpath.basename(path).lower().endswith(exts):
+                size = info.get("size")
+                chosen.append((path, -1 if size is None else int(size)))
+        if not chosen:
+            empty.append(name)
+        # Same order as sorted(os.walk(...)) then sorted names: by (folder, file name).
+        chosen.sort(key=lambda ps: posixpath.split(ps[0]))
+        for path, size in chosen:
+            rel = path[len(inner) :].lstrip("/") if path.startswith(inner) else path
+            files.append((f"{prefix}/{rel}", rel, label, size))
+    if empty and not allow_empty:
+        raise _no_files(root, empty, exts)
+    return classes, files

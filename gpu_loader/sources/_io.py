@@ -1,0 +1,201 @@
+"""Byte readers: a zero-copy fast path for local files and fsspec for every URL.
+
+Local files are read with ``open(..., buffering=0).readinto`` straight into the
+caller's buffer, so the GPU path can fill pinned host memory without an extra copy.
+URLs (``s3://``, ``gs://``, ``http://``, ``memory://`` ...) go through fsspec, which
+returns ``bytes``; ``readinto`` then copies once into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    Buffer = memoryview | bytearray | np.ndarray[Any, Any]
+
+# A scheme of two or more letters, so that a Windows drive ("C:\\x") is not a URL.
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+://")
+
+
+class BufferTooSmallError(ValueError):
+    """A sample does not fit the buffer given to ``readinto``.
+
+    Carries ``key``, ``nbytes`` (the sample's size) and ``capacity`` (the buffer's
+    size), so a caller can grow its buffer and retry.
+    """
+
+    def __init__(self, key: str, nbytes: int, capacity: int) -> None:
+        super().__init__(
+            f"sample {key!r} is {nbytes} bytes but the buffer holds only {capacity}; "
+            f"pass a buffer of at least {nbytes} bytes (use nbytes(i) to size it)"
+        )
+        self.key = key
+        self.nbytes = nbytes
+        self.capacity = capacity
+
+
+def is_url(location: str) -> bool:
+    """True when ``location`` has a URL scheme (``s3://``, ``memory://``, ``file://`` ...)."""
+    return _URL_RE.match(location) is not None
+
+
+def local_path(location: str) -> str | None:
+    """The local file path behind ``location``, or None when it needs fsspec.
+
+    ``file://`` URLs are local files, so they take the fast path too.
+    """
+    if location.startswith("file://"):
+        return location[len("file://") :]
+    return None if is_url(location) else location
+
+
+def add_key_note(exc: BaseException, key: str) -> None:
+    """Attach the sample key to an exception raised while reading it."""
+    exc.add_note(f"sample: {key}")
+
+
+def not_found(key: str, location: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, f"sample {key!r} not found", location)
+
+
+def byte_view(buf: Buffer, key: str) -> memoryview:
+    """A writable, flat, unsigned-byte view of ``buf`` (no copy)."""
+    # numpy's stubs for python 3.11 do not declare the buffer protocol ndarray has.
+    view = memoryview(buf)  # type: ignore[arg-type]
+    if view.readonly:
+        raise ValueError(
+            f"readinto for sample {key!r} needs a writable buffer, got a read-only one"
+        )
+    if not view.c_contiguous:
+        raise ValueError(
+            f"readinto for sample {key!r} needs a contiguous buffer; "
+            "pass np.ascontiguousarray(...) or a bytearray"
+        )
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def fsspec_fs(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem and in-filesystem path for ``url`` (instances are cached by fsspec)."""
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(url)  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- whole files
+
+
+def file_size(location: str) -> int:
+    """Size of a local file (one ``stat``); raises FileNotFoundError for a missing one."""
+    path = local_path(location)
+    if path is None:
+        raise ValueError(f"file_size is for local files, got the URL {location!r}")
+    return os.stat(path).st_size
+
+
+def read_file(key: str, location: str) -> bytes:
+    """All bytes of one file (local path or URL)."""
+    try:
+        path = local_path(location)
+        if path is not None:
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        fs, inner = fsspec_fs(location)
+        return fs.cat_file(inner)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise not_found(key, location) from None
+    except OSError as exc:
+        add_key_note(exc, key)
+        raise
+
+
+def readinto_file(key: str, location: str, buf: Buffer) -> int:
+    """Read one whole file into ``buf``; returns the number of bytes written."""
+    view = byte_view(buf, key)
+    try:
+        path = local_path(location)
+        if path is None:
+            return _copy_into(key, read_file(key, location), view)
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > view.nbytes:
+                raise BufferTooSmallError(key, size, view.nbytes)
+            return _readinto_exact(key, f, view[:size])
+    except FileNotFoundError:
+        raise not_found(key, location) from None
+    except OSError as exc:
+        add_key_note(exc, key)
+        raise
+
+
+# --------------------------------------------------------------------------- byte ranges
+
+
+def read_range(key: str, location: str, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of a file: random access into a tar shard."""
+    try:
+        path = local_path(location)
+        if path is None:
+            fs, inner = fsspec_fs(location)
+            data: bytes = fs.cat_file(inner, start=offset, end=offset + size)
+        else:
+            with open(path, "rb", buffering=0) as f:
+                data = os.pread(f.fileno(), size, offset)
+    except FileNotFoundError:
+        raise not_found(key, location) from None
+    except OSError as exc:
+        add_key_note(exc, key)
+        raise
+    if len(data) != size:
+        raise EOFError(
+            f"sample {key!r}: expected {size} bytes at offset {offset} of {location!r}, "
+            f"got {len(data)}; the file was truncated or changed after it was indexed"
+        )
+    return data
+
+
+def readinto_range(key: str, location: str, offset: int, size: int, buf: Buffer) -> int:
+    """Like :func:`read_range` but into ``buf``; returns ``size``."""
+    view = byte_view(buf, key)
+    if size > view.nbytes:
+        raise BufferTooSmallError(key, size, view.nbytes)
+    path = local_path(location)
+    if path is None:
+        return _copy_into(key, read_range(key, location, offset, size), view)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            return _readinto_exact(key, f, view[:size])
+    except FileNotFoundError:
+        raise not_found(key, location) from None
+    except OSError as exc:
+        add_key_note(exc, key)
+        raise
+
+
+def _copy_into(key: str, data: bytes, view: memoryview) -> int:
+    if len(data) > view.nbytes:
+        raise BufferTooSmallError(key, len(data), view.nbytes)
+    view[: len(data)] = data
+    return len(data)
+
+
+def _readinto_exact(key: str, f: Any, view: memoryview) -> int:
+    """Fill ``view`` completely: raw ``readinto`` may return short counts."""
+    done = 0
+    total = view.nbytes
+    while done < total:
+        n = f.readinto(view[done:])
+        if not n:
+            raise EOFError(
+                f"sample {key!r}: file ended after {done} of {total} bytes; "
+                "it was truncated or changed while being read"
+            )
+        done += n
+    return done

@@ -1,0 +1,28 @@
+"""``open_index``: pick the index type from what a path or URL looks like."""
+
+from __future__ import annotations
+
+import os
+
+from gpu_loader.sources._base import SampleIndex
+from gpu_loader.sources._filelist import FileList
+from gpu_loader.sources._folder import ImageFolder
+from gpu_loader.sources._tar import TarShards, expand_urls
+
+
+def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
+    """``*.tar`` (brace patterns allowed) → TarShards, ``*.csv`` → FileList, else ImageFolder."""
+    location = os.fspath(path_or_url)
+    if not location:
+        raise ValueError("open_index needs a path or URL, got an empty string")
+    shards = expand_urls(location)
+    if all(s.lower().endswith(".tar") for s in shards):
+        return TarShards(shards)
+    if len(shards) > 1:
+        raise ValueError(
+            f"the brace pattern {location!r} expands to several paths that are not all .tar "
+            "shards; only tar shards can be given as a pattern"
+        )
+    if location.lower().endswith(".csv"):
+        return FileList.from_csv(location)
+    return ImageFolder(location)

@@ -1,0 +1,219 @@
+"""Sampler: a global permutation per epoch, sharded over ranks, resumable from JSON state.
+
+Order: for each epoch one permutation of all ``num_samples`` indices, the same on every
+rank, from ``(seed, epoch)``. Equal shares: like ``DistributedSampler``, the permuted
+list is cut to a multiple of ``world_size`` (``drop_last=True``) or padded by repeating
+its head (``drop_last=False``, the default: every sample is seen, a few twice per epoch
+across ranks, never twice on one rank); rank ``r`` takes positions ``r, r+W, r+2W ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gpu_loader.sources._distributed import resolve_distributed
+
+STATE_VERSION = 1
+# Keeps the permutation streams apart from every other use of the same seed.
+_PERMUTATION_DOMAIN = 0x7065726D  # "perm"
+_REQUIRED = (
+    "seed",
+    "epoch",
+    "position",
+    "world_size",
+    "rank",
+    "num_samples",
+    "fingerprint",
+    "shuffle",
+    "drop_last",
+)
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The global order of one epoch.
+
+    Built from the raw PCG64 stream and a stable argsort rather than
+    ``Generator.permutation``: numpy promises stable bit-generator streams across
+    versions but not stable ``Generator`` methods, and a resumed run must see the
+    same order after a numpy upgrade.
+    """
+    seq = np.random.SeedSequence([_PERMUTATION_DOMAIN, seed, epoch])
+    raw = np.random.PCG64(seq).random_raw(num_samples)
+    return np.argsort(raw, kind="stable").astype(np.int64)
+
+
+class Sampler:
+    """This rank's dataset indices for each epoch, with resumable progress.
+
+    ``position`` counts how many of ``indices()`` the consumer has taken (the loader
+    sets it); ``set_epoch(e)`` with a new epoch resets it to 0, while repeating the
+    current epoch keeps it, so ``load_state_dict`` followed by the usual
+    ``set_epoch(epoch)`` at the top of the training loop resumes mid-epoch.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        fingerprint: str = "",
+    ) -> None:
+        _check_int("num_samples", num_samples, 1)
+        _check_int("seed", seed, 0)
+        if seed >= 1 << 64:
+            raise ValueError(f"`seed` must be below 2**64, got {seed}")
+        if not isinstance(fingerprint, str):
+            raise TypeError(f"`fingerprint` must be a str, got {fingerprint!r}")
+        self.num_samples = int(num_samples)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.fingerprint = fingerprint
+        self._rank, self._world_size = resolve_distributed(rank, world_size)
+        self._epoch = 0
+        self._position = 0
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Sampler(num_samples={self.num_samples}, rank={self._rank}, "
+            f"world_size={self._world_size}, epoch={self._epoch}, position={self._position})"
+        )
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        _check_int("epoch", epoch, 0)
+        if epoch != self._epoch:
+            self._epoch = int(epoch)
+            self._position = 0
+
+    def __len__(self) -> int:
+        """Samples per rank per epoch (the same on every rank)."""
+        n, w = self.num_samples, self._world_size
+        return n // w if self.drop_last else -(-n // w)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        _check_int("position", value, 0)
+        if value > len(self):
+            raise ValueError(f"`position` must be <= {len(self)} (samples per rank), got {value}")
+        self._position = int(value)
+
+    def indices(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        """This rank's dataset indices for the current epoch, in order (read-only)."""
+        if self._cache is None or self._cache[0] != self._epoch:
+            self._cache = (self._epoch, self._compute())
+        return self._cache[1]
+
+    def remaining(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        """The indices not yet taken this epoch: ``indices()[position:]``."""
+        return self.indices()[self._position :]
+
+    def _compute(self) -> np.ndarray:
+        n = self.num_samples
+        order = (
+            epoch_permutation(n, self.seed, self._epoch)
+            if self.shuffle
+            else np.arange(n, dtype=np.int64)
+        )
+        total = len(self) * self._world_size
+        # np.resize repeats the head cyclically when padding (even if total > 2n).
+        order = order[:total] if total <= n else np.resize(order, total)
+        mine = np.ascontiguousarray(order[self._rank : total : self._world_size])
+        mine.flags.writeable = False
+        return mine
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable progress (no pickle)."""
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "position": self._position,
+            "world_size": self._world_size,
+            "rank": self._rank,
+            "num_samples": self.num_samples,
+            "fingerprint": self.fingerprint,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state_dict()`` output, refusing one that belongs to another run.
+
+        The state's ``rank`` is informational: every rank has the same length and
+        progress, so one rank's saved state may be loaded on all of them.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"sampler state must be a dict, got {type(state).__name__}")
+        missing = [k for k in _REQUIRED if k not in state]
+        if missing:
+            raise ValueError(f"sampler state is missing {missing}; pass a Sampler.state_dict()")
+        if state.get("version", STATE_VERSION) != STATE_VERSION:
+            raise ValueError(
+                f"sampler state version {state.get('version')!r} is not {STATE_VERSION}; "
+                "it was written by an incompatible gpu_loader"
+            )
+        for name, ours in (
+            ("num_samples", self.num_samples),
+            ("fingerprint", self.fingerprint),
+            ("seed", self.seed),
+            ("world_size", self._world_size),
+            ("shuffle", self.shuffle),
+            ("drop_last", self.drop_last),
+        ):
+            if state[name] != ours:
+                raise ValueError(_mismatch(name, state[name], ours))
+        _check_int("epoch", state["epoch"], 0)
+        _check_int("position", state["position"], 0)
+        if state["position"] > len(self):
+            raise ValueError(
+                f"sampler state position {state['position']} exceeds the {len(self)} "
+                "samples per rank per epoch"
+            )
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
+
+
+def _mismatch(name: str, theirs: object, ours: object) -> str:
+    what = {
+        "num_samples": "a dataset of a different size",
+        "fingerprint": "a different dataset (its keys or labels differ)",
+        "seed": "a different seed",
+        "world_size": "a different number of ranks",
+        "shuffle": "a different shuffle setting",
+        "drop_last": "a different drop_last setting",
+    }[name]
+    return (
+        f"refusing sampler state from {what}: state has {name}={theirs!r}, this sampler has "
+        f"{name}={ours!r}; resume with the same dataset and settings or start afresh"
+    )
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"`{name}` must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")

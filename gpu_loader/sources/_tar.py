@@ -1,0 +1,216 @@
+"""TarShards: WebDataset-style tar shards, indexed once so samples are read at random.
+
+A sample is the group of members sharing a key (``dir/key.jpg`` + ``dir/key.cls``).
+Each shard is scanned once for its members' data offsets and sizes; a read is then one
+ranged read (``pread`` locally, ``cat_file(start, end)`` through fsspec), so shards can
+be shuffled globally instead of only streamed.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import tarfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpu_loader.sources import _io
+from gpu_loader.sources._base import check_index, fingerprint_of
+
+if TYPE_CHECKING:
+    from gpu_loader.sources._io import Buffer
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
+LABEL_EXTENSION = "cls"
+
+# WebDataset's rule: the key is everything up to the first dot of the file name.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+# (image member name, data offset, data size, label or -1)
+_Entry = tuple[str, int, int, int]
+
+
+class TarShards:
+    """Samples from uncompressed tar shards (local paths or fsspec URLs), in shard order.
+
+    ``urls`` is a list, or one string that may hold brace patterns
+    (``"train-{0000..0099}.tar"``). Keys are ``"<shard>:<member>"``; samples without a
+    ``.cls`` member get label -1. Members whose names are absolute or contain ``..``,
+    and members that are links or sparse files, make indexing fail with an error
+    naming the member.
+    """
+
+    def __init__(
+        self,
+        urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        classes: Sequence[str] | None = None,
+        index_threads: int = 8,
+    ) -> None:
+        shards = (
+            expand_urls(os.fspath(urls))
+            if isinstance(urls, str | os.PathLike)
+            else [os.fspath(u) for u in urls]
+        )
+        if not shards:
+            raise ValueError("TarShards needs at least one shard path or URL, got none")
+        if index_threads < 1:
+            raise ValueError(f"`index_threads` must be >= 1, got {index_threads}")
+        self.urls = shards
+        self.classes = list(classes) if classes is not None else []
+        # Remote shards are indexed concurrently: each scan is mostly waiting on I/O.
+        with ThreadPoolExecutor(max_workers=min(index_threads, len(shards))) as pool:
+            per_shard = list(pool.map(index_shard, shards))
+        counts = [len(entries) for entries in per_shard]
+        self._shard = np.repeat(np.arange(len(shards), dtype=np.int32), counts)
+        entries = [e for shard_entries in per_shard for e in shard_entries]
+        self._members = [e[0] for e in entries]
+        self._offsets = np.fromiter((e[1] for e in entries), np.int64, len(entries))
+        self._sizes = np.fromiter((e[2] for e in entries), np.int64, len(entries))
+        self._labels = np.fromiter((e[3] for e in entries), np.int64, len(entries))
+        self._labels.flags.writeable = False
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __repr__(self) -> str:
+        return f"TarShards({len(self)} samples in {len(self.urls)} shards)"
+
+    def key(self, i: int) -> str:
+        j = check_index(i, len(self))
+        return f"{self.urls[self._shard[j]]}:{self._members[j]}"
+
+    def label(self, i: int) -> int:
+        return int(self._labels[check_index(i, len(self))])
+
+    @property
+    def labels(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        return self._labels
+
+    def read(self, i: int) -> bytes:
+        j = check_index(i, len(self))
+        return _io.read_range(self.key(j), self.urls[self._shard[j]], *self._span(j))
+
+    def readinto(self, i: int, buf: Buffer) -> int:
+        j = check_index(i, len(self))
+        return _io.readinto_range(self.key(j), self.urls[self._shard[j]], *self._span(j), buf)
+
+    def nbytes(self, i: int) -> int | None:
+        return int(self._sizes[check_index(i, len(self))])
+
+    def fingerprint(self) -> str:
+        # Shard base names, not full URLs: the same shards copied elsewhere still match.
+        if self._fingerprint is None:
+            names = (
+                f"{posixpath.basename(self.urls[s])}:{m}"
+                for s, m in zip(self._shard.tolist(), self._members, strict=True)
+            )
+            self._fingerprint = fingerprint_of(names, self._labels)
+        return self._fingerprint
+
+    def _span(self, j: int) -> tuple[int, int]:
+        return int(self._offsets[j]), int(self._sizes[j])
+
+
+def expand_urls(pattern: str) -> list[str]:
+    """Expand ``{a,b}`` lists and ``{000..099}`` zero-padded ranges (WebDataset's notation)."""
+    match = _BRACES.search(pattern)
+    if match is None:
+        return [pattern]
+    head, tail, body = pattern[: match.start()], pattern[match.end() :], match.group(1)
+    span = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if span is not None:
+        lo, hi = span.group(1), span.group(2)
+        if int(hi) < int(lo):
+            raise ValueError(f"brace range {{{body}}} in {pattern!r} runs backwards")
+        width = len(lo) if lo.startswith("0") else 0
+        choices = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    else:
+        choices = body.split(",")
+    return [url for c in choices for url in expand_urls(head + c + tail)]
+
+
+def check_member_name(name: str, shard: str) -> None:
+    """Refuse names that would escape an extraction folder (absolute, drive, or ``..``)."""
+    normal = name.replace("\\", "/")
+    if normal.startswith("/") or re.match(r"^[A-Za-z]:", normal) or ".." in normal.split("/"):
+        raise ValueError(
+            f"tar shard {shard!r} has a member named {name!r} that escapes the archive "
+            "(absolute path or '..'); refusing the shard. Rebuild it with relative member names"
+        )
+
+
+def index_shard(shard: str) -> list[_Entry]:
+    """Scan one shard: ``(image member, offset, size, label)`` per sample, in archive order."""
+    with _open_shard(shard) as f:
+        try:
+            # Closed by the `with tar` below; the open itself needs the error rewrite.
+            tar = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115
+        except tarfile.ReadError as exc:
+            raise ValueError(
+                f"{shard!r} is not an uncompressed tar archive ({exc}); random access needs "
+                "plain .tar shards, so decompress .tar.gz shards first"
+            ) from None
+        with tar:
+            try:
+                return _group(shard, tar)
+            except tarfile.TarError as exc:
+                exc.add_note(f"while indexing tar shard {shard!r} (truncated or corrupt?)")
+                raise
+
+
+def _open_shard(shard: str) -> IO[bytes]:
+    path = _io.local_path(shard)
+    try:
+        if path is not None:
+            return open(path, "rb")
+        fs, inner = _io.fsspec_fs(shard)
+        return fs.open(inner, "rb")  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tar shard {shard!r} not found") from None
+
+
+def _group(shard: str, tar: tarfile.TarFile) -> list[_Entry]:
+    images: dict[str, tuple[str, int, int]] = {}  # key -> (member, offset, size), archive order
+    labels: dict[str, int] = {}
+    for member in tar:
+        check_member_name(member.name, shard)
+        if member.isdir():
+            continue
+        if not member.isreg() or member.issparse():
+            raise ValueError(
+                f"tar shard {shard!r} member {member.name!r} is a link or special file; "
+                "shards may hold only regular files"
+            )
+        parts = _KEY_EXT.match(member.name)
+        if parts is None:
+            continue  # no extension: not part of any sample
+        key, ext = parts.group(1), parts.group(2).lower()
+        if ext in IMAGE_EXTENSIONS:
+            if key in images:
+                raise ValueError(
+                    f"tar shard {shard!r} has two images for the key {key!r} "
+                    f"({images[key][0]!r} and {member.name!r}); keep one image per key"
+                )
+            images[key] = (member.name, member.offset_data, member.size)
+        elif ext == LABEL_EXTENSION:
+            labels[key] = _read_label(tar, member, shard)
+    return [(m, off, size, labels.get(key, -1)) for key, (m, off, size) in images.items()]
+
+
+def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, shard: str) -> int:
+    data: Any = tar.extractfile(member)
+    text = data.read().decode("utf-8", "replace").strip() if data is not None else ""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"tar shard {shard!r} member {member.name!r} should hold an integer label, "
+            f"got {text[:40]!r}"
+        ) from None

@@ -1,0 +1,155 @@
+"""ImageFolder: torchvision's labelling rule, byte reads, sizes and errors, locally and via fsspec."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from gpu_loader.sources import BufferTooSmallError, ImageFolder, SampleIndex
+from tests.sources.conftest import TREE_EXPECTED, copy_to_memory
+
+
+def test_labels_follow_torchvision_rule(tree: Path) -> None:
+    index = ImageFolder(tree)
+    assert isinstance(index, SampleIndex)
+    assert index.classes == ["Cat", "bird", "dog"]
+    assert index.class_to_idx == {"Cat": 0, "bird": 1, "dog": 2}
+    assert len(index) == len(TREE_EXPECTED)
+    assert [index.key(i) for i in range(len(index))] == [
+        os.path.join(tree, rel) for rel, _ in TREE_EXPECTED
+    ]
+    assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
+    assert index.labels.dtype == np.int64
+    assert [index.label(i) for i in range(len(index))] == index.labels.tolist()
+
+
+def test_labels_array_is_read_only(tree: Path) -> None:
+    index = ImageFolder(tree)
+    with pytest.raises(ValueError, match="read-only"):
+        index.labels[0] = 5
+
+
+def test_read_readinto_and_nbytes_agree_with_the_file(tree: Path) -> None:
+    index = ImageFolder(tree)
+    for i in range(len(index)):
+        expected = Path(index.key(i)).read_bytes()
+        assert index.read(i) == expected
+        assert index.nbytes(i) == len(expected)
+        arr = np.zeros(len(expected) + 7, np.uint8)
+        assert index.readinto(i, arr) == len(expected)
+        assert arr[: len(expected)].tobytes() == expected
+        assert not arr[len(expected) :].any()  # nothing written past the sample
+        ba = bytearray(len(expected))
+        assert index.readinto(i, memoryview(ba)) == len(expected)
+        assert bytes(ba) == expected
+
+
+def test_readinto_a_too_small_buffer_names_the_key(tree: Path) -> None:
+    index = ImageFolder(tree)
+    size = index.nbytes(0)
+    assert size is not None
+    with pytest.raises(BufferTooSmallError, match="x.webp") as info:
+        index.readinto(0, bytearray(size - 1))
+    assert (info.value.nbytes, info.value.capacity) == (size, size - 1)
+
+
+def test_readinto_refuses_read_only_and_strided_buffers(tree: Path) -> None:
+    index = ImageFolder(tree)
+    with pytest.raises(ValueError, match="writable"):
+        index.readinto(0, memoryview(bytes(10_000)))
+    with pytest.raises(ValueError, match="contiguous"):
+        index.readinto(0, np.zeros(20_000, np.uint8)[::2])
+
+
+def test_readinto_accepts_multi_byte_arrays(tree: Path) -> None:
+    index = ImageFolder(tree)
+    data = index.read(1)
+    words = np.zeros(len(data) // 4 + 1, np.uint32)
+    assert index.readinto(1, words) == len(data)
+    assert words.view(np.uint8)[: len(data)].tobytes() == data
+
+
+def test_missing_file_raises_file_not_found_with_key(tree: Path) -> None:
+    index = ImageFolder(tree)
+    Path(index.key(2)).unlink()
+    with pytest.raises(FileNotFoundError, match="y.jpg"):
+        index.read(2)
+    with pytest.raises(FileNotFoundError, match="y.jpg"):
+        index.readinto(2, bytearray(1 << 16))
+    with pytest.raises(FileNotFoundError, match="y.jpg"):
+        index.nbytes(2)
+
+
+def test_out_of_range_index_is_an_index_error(tree: Path) -> None:
+    index = ImageFolder(tree)
+    with pytest.raises(IndexError, match="out of range"):
+        index.key(len(index))
+    with pytest.raises(IndexError):
+        index.read(-1)
+    assert index.key(np.int64(1)) == index.key(1)
+
+
+def test_empty_class_and_missing_root_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        ImageFolder(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no class folders"):
+        ImageFolder(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="classes empty"):
+        ImageFolder(tmp_path)
+
+
+def test_extensions_can_be_narrowed(tree: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"classes Cat .*allow_empty"):
+        ImageFolder(tree, extensions=(".jpg", ".jpeg"))
+    index = ImageFolder(tree, extensions=(".jpg", ".jpeg"), allow_empty=True)
+    assert index.classes == ["Cat", "bird", "dog"]  # Cat keeps label 0 with no samples
+    assert index.labels.tolist() == [1, 2, 2, 2]
+    rels = [os.path.relpath(index.key(i), tree) for i in range(len(index))]
+    assert rels == ["bird/zz/y.jpg", "dog/Z.JPG", "dog/b.jpg", "dog/sub/c.jpeg"]
+    with pytest.raises(ValueError, match="extensions"):
+        ImageFolder(tree, extensions=("jpg",))
+
+
+def test_fingerprint_is_stable_and_independent_of_location(
+    tree: Path, tmp_path: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    local = ImageFolder(tree)
+    assert local.fingerprint() == ImageFolder(tree).fingerprint()
+    url = copy_to_memory(memfs[0], tree, memfs[1])
+    remote = ImageFolder(url)
+    assert remote.fingerprint() == local.fingerprint()
+    (tree / "dog" / "extra.png").write_bytes(local.read(4))
+    assert ImageFolder(tree).fingerprint() != local.fingerprint()
+
+
+def test_memory_url_end_to_end(tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]) -> None:
+    url = copy_to_memory(memfs[0], tree, memfs[1])
+    index = ImageFolder(url)
+    assert index.classes == ["Cat", "bird", "dog"]
+    assert [index.key(i) for i in range(len(index))] == [f"{url}/{r}" for r, _ in TREE_EXPECTED]
+    assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
+    for i, (rel, _) in enumerate(TREE_EXPECTED):
+        expected = (tree / rel).read_bytes()
+        assert index.read(i) == expected
+        assert index.nbytes(i) == len(expected)  # from the listing, no extra request
+        buf = bytearray(len(expected))
+        assert index.readinto(i, buf) == len(expected)
+        assert bytes(buf) == expected
+    with pytest.raises(BufferTooSmallError, match="memory://"):
+        index.readinto(0, bytearray(3))
+    memfs[0].rm(f"{memfs[1]}/dog/a.png")
+    with pytest.raises(FileNotFoundError, match="dog/a.png"):
+        index.read(4)
+
+
+def test_file_url_uses_the_local_fast_path(tree: Path) -> None:
+    index = ImageFolder(f"file://{tree}")
+    assert index.key(0) == f"file://{tree}/Cat/x.webp"
+    assert index.read(0) == (tree / "Cat" / "x.webp").read_bytes()
+    assert index.nbytes(0) == (tree / "Cat" / "x.webp").stat().st_size
+    assert index.fingerprint() == ImageFolder(tree).fingerprint()
