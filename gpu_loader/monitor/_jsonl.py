@@ -1,0 +1,88 @@
+"""JsonlLogger: periodic ``LoaderStats.as_dict()`` snapshots, one JSON object per line.
+
+Each line is the flat dict plus ``"time_unix"`` (seconds since the epoch) so lines from
+several runs or ranks can be merged. The file is appended to and flushed per line, so
+a crash loses at most the line being written. A final line is written at ``close()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from ._periodic import PeriodicThread
+from ._stats import LoaderStats
+
+_log = logging.getLogger("gpu_loader.monitor")
+
+
+class JsonlLogger(PeriodicThread):
+    """Writes ``source().as_dict()`` to ``path`` every ``interval_s`` on a daemon thread.
+
+    ``source`` is usually ``loader.stats``; without one, call :meth:`write` yourself.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        interval_s: float = 10.0,
+        *,
+        source: Callable[[], LoaderStats] | None = None,
+    ) -> None:
+        super().__init__("gpu_loader-jsonl-logger", interval_s)
+        self.path = Path(path)
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise FileNotFoundError(
+                f"cannot log stats to {str(self.path)!r}: folder {str(parent)!r} does not exist; "
+                "create it first"
+            )
+        self._source = source
+        self._write_lock = threading.Lock()
+        # Opened on the first line, so a logger that never writes leaves no open file.
+        self._file: TextIO | None = None
+        self._file_closed = False
+        self.lines = 0
+
+    def _setup(self) -> bool:
+        return self._source is not None
+
+    def _tick(self) -> bool:
+        if self._source is None:
+            return False
+        try:
+            self.write(self._source())
+        except Exception as exc:  # a failing stats() must not kill training; stop logging
+            _log.warning("stats logging stopped: %s: %s", type(exc).__name__, exc)
+            return False
+        return True
+
+    def write(self, stats: LoaderStats) -> None:
+        """Append one line now."""
+        record: dict[str, float | int | str] = {"time_unix": time.time(), **stats.as_dict()}
+        line = json.dumps(record, allow_nan=False, separators=(",", ":"))
+        with self._write_lock:
+            if self._file_closed:
+                raise RuntimeError(f"JsonlLogger for {str(self.path)!r} is closed")
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._file.write(line + "\n")
+            self._file.flush()
+            self.lines += 1
+
+    def _teardown(self) -> None:
+        if self._source is not None:
+            try:
+                self.write(self._source())
+            except Exception as exc:  # the final line is best effort, the file must close
+                _log.warning("final stats line not written: %s: %s", type(exc).__name__, exc)
+        with self._write_lock:
+            self._file_closed = True
+            if self._file is not None:
+                self._file.close()

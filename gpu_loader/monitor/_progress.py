@@ -1,0 +1,121 @@
+"""ProgressReporter: a tqdm bar with img/s, stall %, GPU util % and the bottleneck.
+
+Libraries create none by default (``ImageLoader(progress=False)``); the CLI turns it on.
+The bar is created on the first refresh, so constructing a reporter prints nothing,
+and ``step()`` builds stats only when a refresh is due (at most every
+``min_interval_s``), so calling it on every batch costs one clock read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TextIO
+
+from ._periodic import check_interval
+from ._stats import LoaderStats
+
+
+def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
+    """``"img/s=1234 stall=3.2% gpu=87% bottleneck=decode"`` (``gpu=no GPU`` without NVML)."""
+    gpu = "no GPU" if stats.gpu_util_percent is None else f"{stats.gpu_util_percent:.0f}%"
+    parts = [
+        f"{unit}/s={stats.samples_per_s_recent:.0f}",
+        f"stall={stats.stall_fraction_recent:.1%}",
+        f"gpu={gpu}",
+    ]
+    if stats.bottleneck:
+        parts.append(f"bottleneck={stats.bottleneck}")
+    if stats.failures:
+        parts.append(f"failed={stats.failures}")
+    return " ".join(parts)
+
+
+class ProgressReporter:
+    """A throttled tqdm bar over delivered samples."""
+
+    def __init__(
+        self,
+        total: int | None = None,
+        *,
+        desc: str = "loading",
+        unit: str = "img",
+        min_interval_s: float = 0.5,
+        file: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if total is not None and (isinstance(total, bool) or total < 0):
+            raise ValueError(f"`total` must be None or an int >= 0, got {total!r}")
+        self.total = total
+        self.desc = desc
+        self.unit = unit
+        self.min_interval_s = check_interval("min_interval_s", min_interval_s)
+        self._file = file
+        self._clock = clock
+        self._bar: Any = None
+        self._last: float | None = None
+        self._closed = False
+
+    def _make_bar(self) -> Any:
+        from tqdm import tqdm
+
+        if self.total is None:
+            fmt = "{desc}: {n_fmt} " + self.unit + " [{elapsed}, {postfix}]"
+        else:
+            fmt = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {postfix}]"
+        return tqdm(
+            total=self.total,
+            desc=self.desc,
+            unit=self.unit,
+            file=self._file,
+            bar_format=fmt,
+            mininterval=0.0,  # throttled here, where skipped refreshes also skip stats()
+            dynamic_ncols=self._file is None,
+        )
+
+    def due(self) -> bool:
+        """True when the last refresh is at least ``min_interval_s`` old."""
+        return self._last is None or self._clock() - self._last >= self.min_interval_s
+
+    def step(self, get_stats: Callable[[], LoaderStats]) -> bool:
+        """Refresh from ``get_stats()`` if due; returns whether it refreshed."""
+        if self._closed or not self.due():
+            return False
+        self.update(get_stats())
+        return True
+
+    def update(self, stats: LoaderStats) -> None:
+        """Refresh the bar now from ``stats``."""
+        if self._closed:
+            return
+        self._last = self._clock()
+        if self._bar is None:
+            self._bar = self._make_bar()
+        delta = stats.samples - int(self._bar.n)
+        self._bar.set_postfix_str(progress_postfix(stats, self.unit), refresh=False)
+        if delta > 0:
+            self._bar.update(delta)
+        else:
+            self._bar.refresh()
+
+    def close(self, stats: LoaderStats | None = None) -> None:
+        """A last refresh from ``stats`` (if given), then close the bar (idempotent)."""
+        if self._closed:
+            return
+        if stats is not None:
+            self.update(stats)
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> ProgressReporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""Reading the engine's per-stage records without importing the engine.
+
+The monitor only needs a few named numbers from each stage record, so it reads them
+by attribute (first name present wins) instead of importing ``gpu_loader.pipeline``:
+records from the engine, from a test, or from another loader all work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+# Canonical field -> attribute names tried in order, and the unit for flat dicts.
+# Task times are reported in milliseconds (more readable in a dashboard); totals in s.
+_FIELDS: dict[str, tuple[tuple[str, ...], float, str]] = {
+    "concurrency": (("concurrency",), 1.0, "concurrency"),
+    "tasks_done": (("tasks_done", "tasks", "items_done"), 1.0, "tasks_done"),
+    "failures": (("failures", "num_failures", "failed"), 1.0, "failures"),
+    "mean_s": (("task_mean_s", "mean_s", "mean_task_s"), 1000.0, "mean_ms"),
+    "p50_s": (("task_p50_s", "p50_s"), 1000.0, "p50_ms"),
+    "p90_s": (("task_p90_s", "p90_s"), 1000.0, "p90_ms"),
+    "p99_s": (("task_p99_s", "p99_s"), 1000.0, "p99_ms"),
+    "busy_fraction": (("busy_fraction",), 1.0, "busy_fraction"),
+    "queue_occupancy": (
+        ("queue_occupancy", "mean_queue_occupancy", "input_queue_occupancy"),
+        1.0,
+        "queue_occupancy",
+    ),
+    "blocked_in_s": (("blocked_in_s", "blocked_on_input_s"), 1.0, "blocked_in_s"),
+    "blocked_out_s": (("blocked_out_s", "blocked_on_output_s"), 1.0, "blocked_out_s"),
+}
+_COUNTS = frozenset({"concurrency", "tasks_done", "failures"})
+
+
+class StageStatsLike(Protocol):
+    """What the monitor reads from a stage record (other fields are optional)."""
+
+    @property
+    def name(self) -> str:
+        """The stage's name."""
+
+
+class EngineStatsLike(Protocol):
+    """What the monitor reads from the engine's whole-pipeline record."""
+
+    @property
+    def stages(self) -> Iterable[Any]:
+        """Per-stage records."""
+
+
+def stage_value(stage: Any, field: str) -> float | None:
+    """The canonical ``field`` of ``stage`` (see ``_FIELDS``) or None if it has none."""
+    names, _, _ = _FIELDS[field]
+    for name in names:
+        value = getattr(stage, name, None)
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def stage_name(stage: Any) -> str:
+    """The stage's name, ``"?"`` if it has none."""
+    return str(getattr(stage, "name", "?"))
+
+
+def _key(name: str) -> str:
+    # Dots separate key levels in the flat dict; keep names to one level.
+    return re.sub(r"[^A-Za-z0-9_\-]+", "_", name) or "_"
+
+
+def flatten_stage(stage: Any) -> dict[str, float | int]:
+    """``{"stage.<name>.<field>": number}`` for every known field the record has."""
+    prefix = f"stage.{_key(stage_name(stage))}."
+    out: dict[str, float | int] = {}
+    for field, (_, scale, key) in _FIELDS.items():
+        value = stage_value(stage, field)
+        if value is None:
+            continue
+        out[prefix + key] = int(value) if field in _COUNTS else value * scale
+    if dataclasses.is_dataclass(stage):  # other numeric fields the engine adds
+        known = {n for names, _, _ in _FIELDS.values() for n in names}
+        for f in dataclasses.fields(stage):
+            value = getattr(stage, f.name)
+            if f.name in known or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[prefix + _key(f.name)] = value
+    return out

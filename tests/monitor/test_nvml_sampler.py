@@ -1,0 +1,199 @@
+"""NvmlSampler with an injected fake NVML: unavailable, one device, failure mid-run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_loader.monitor import NvmlSampler
+
+from ._fakes import FakeGpu, FakeNvml, FakeNVMLError, ScriptedClock, monitor_threads, wait_until
+
+MS = 0.001
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    before = set(monitor_threads())
+    yield
+    assert set(monitor_threads()) - before == set()
+
+
+def warnings_from(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("nvml", "reason"),
+    [
+        (FakeNvml(init_error=FakeNVMLError(9)), "NVML did not initialise"),
+        (FakeNvml(init_error=OSError("libnvidia-ml.so.1: cannot open")), "libnvidia-ml"),
+        (FakeNvml(gpus=[]), "no NVIDIA device"),
+    ],
+)
+def test_unavailable_says_so_once(
+    nvml: FakeNvml, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
+    sampler = NvmlSampler(interval_s=MS, nvml=nvml)
+    with sampler:
+        sampler.start()  # a second start must not retry nor warn again
+        assert not sampler.running
+        snap = sampler.snapshot()
+        snap2 = sampler.snapshot()
+    assert not snap.available and reason in (snap.reason or "")
+    assert snap.devices == () and snap.util_percent is None and snap2 == snap
+    messages = warnings_from(caplog)
+    assert len(messages) == 1 and reason in messages[0]
+    assert nvml.inits == 1
+
+
+def test_missing_pynvml_module_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gpu_loader._optional as optional
+
+    def fail(module: str, feature: str) -> object:
+        raise ImportError(f"{feature} needs NVML; pip install 'gpu-loader[cuda12]'")
+
+    monkeypatch.setattr(optional, "require", fail)
+    caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
+    with NvmlSampler(interval_s=MS) as sampler:
+        snap = sampler.snapshot()
+    assert not snap.available and "gpu-loader[cuda12]" in (snap.reason or "")
+    assert len(warnings_from(caplog)) == 1
+
+
+def test_bad_device_index_is_unavailable_not_a_crash() -> None:
+    nvml = FakeNvml()
+    with NvmlSampler([0, 3], interval_s=MS, nvml=nvml) as sampler:
+        snap = sampler.snapshot()
+    assert not snap.available and "[3]" in (snap.reason or "")
+    assert nvml.shutdowns == 1  # initialised, so shut down
+
+
+def test_one_device_values_flow_into_the_snapshot() -> None:
+    gpu = FakeGpu(sm=87, mem=31, used=3 << 30, total=80 << 30, tx=1500, rx=2500, name=b"H100")
+    nvml = FakeNvml(gpus=[gpu])
+    with NvmlSampler(interval_s=MS, window_s=60.0, nvml=nvml) as sampler:
+        assert wait_until(lambda: nvml.reads >= 3)
+        assert sampler.running and sampler.available
+        snap = sampler.snapshot()
+    assert not sampler.running
+    assert snap.available and snap.reason is None and snap.errors == 0
+    (dev,) = snap.devices
+    assert dev.index == 0 and dev.name == "H100" and dev.samples >= 3
+    assert dev.sm_util_percent == 87.0 and dev.mem_util_percent == 31.0
+    assert (dev.memory_used_bytes, dev.memory_total_bytes) == (3 << 30, 80 << 30)
+    assert (dev.pcie_tx_kbps, dev.pcie_rx_kbps) == (1500.0, 2500.0)
+    assert snap.util_percent == 87.0 and snap.idle_percent == pytest.approx(13.0)
+    assert nvml.shutdowns == 1
+
+
+def test_window_means_with_scripted_clock() -> None:
+    clock = ScriptedClock()
+    gpu = FakeGpu(sm=20)
+    nvml = FakeNvml(gpus=[gpu, FakeGpu(sm=90)])
+    sampler = NvmlSampler([0], interval_s=1.0, window_s=5.0, nvml=nvml, clock=clock)
+    assert sampler._setup()  # open devices without a thread; ticks are driven by hand
+    try:
+        for sm in (20, 40, 60):
+            gpu.sm = sm
+            assert sampler.sample_once() == 1
+            clock.advance(2.0)
+        # now = 106: the window (101, 106] holds the readings at 102 and 104.
+        (dev,) = sampler.snapshot().devices
+        assert dev.samples == 2 and dev.sm_util_percent == pytest.approx(50.0)
+        assert dev.latest is not None and dev.latest.sm_util_percent == 60.0
+        clock.advance(100.0)
+        (stale,) = sampler.snapshot().devices  # nothing recent, latest still known
+        assert stale.samples == 0 and stale.sm_util_percent is None
+        assert stale.latest is not None and stale.latest.sm_util_percent == 60.0
+    finally:
+        sampler.close()
+    assert nvml.shutdowns == 1
+
+
+def test_pcie_not_supported_reads_as_none_without_errors() -> None:
+    nvml = FakeNvml(gpus=[FakeGpu(pcie_supported=False)])
+    sampler = NvmlSampler(interval_s=1.0, nvml=nvml)
+    assert sampler._setup()
+    try:
+        assert sampler.sample_once() == 1
+        assert sampler.sample_once() == 1
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    assert snap.errors == 0
+    assert snap.devices[0].pcie_tx_kbps is None and snap.devices[0].sm_util_percent == 50.0
+
+
+def test_transient_failure_is_recorded_and_sampling_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
+    good, flaky = FakeGpu(sm=10), FakeGpu(sm=70)
+    nvml = FakeNvml(gpus=[good, flaky])
+    sampler = NvmlSampler(interval_s=1.0, nvml=nvml)
+    assert sampler._setup()
+    try:
+        flaky.lost = True
+        assert sampler.sample_once() == 1
+        assert sampler.sample_once() == 1
+        flaky.lost = False
+        assert sampler.sample_once() == 2
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    assert snap.available and snap.errors == 2
+    assert snap.last_error is not None and snap.last_error.startswith("GPU 1: FakeNVMLError")
+    assert [d.samples for d in snap.devices] == [3, 1]
+    assert len(warnings_from(caplog)) == 1  # the first failure only
+
+
+def test_persistent_failure_stops_the_thread_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
+    gpu = FakeGpu()
+    nvml = FakeNvml(gpus=[gpu])
+    sampler = NvmlSampler(interval_s=MS, nvml=nvml, max_consecutive_failures=3)
+    sampler.start()
+    try:
+        assert wait_until(lambda: nvml.reads >= 1)
+        gpu.lost = True
+        assert wait_until(lambda: not sampler.running)
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    sampler.close()  # idempotent
+    assert not snap.available and "stopped after 3 ticks" in (snap.reason or "")
+    assert snap.errors == 3 and "code 15" in (snap.last_error or "")
+    assert snap.devices[0].latest is not None  # what it read before stays visible
+    assert nvml.shutdowns == 1
+    assert len(warnings_from(caplog)) == 2  # first failure, then the stop
+
+
+def test_nonsense_value_counts_as_a_failed_read() -> None:
+    nvml = FakeNvml(gpus=[FakeGpu(sm=250)])
+    sampler = NvmlSampler(interval_s=1.0, nvml=nvml)
+    assert sampler._setup()
+    try:
+        assert sampler.sample_once() == 0
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    assert snap.errors == 1 and "ValueError" in (snap.last_error or "")
+
+
+def test_lifecycle_errors_and_validation() -> None:
+    sampler = NvmlSampler(interval_s=MS, nvml=FakeNvml())
+    sampler.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sampler.start()
+    with pytest.raises(ValueError, match="interval_s"):
+        NvmlSampler(interval_s=0)
+    with pytest.raises(ValueError, match="device_indices"):
+        NvmlSampler([-1])
+    with pytest.raises(ValueError, match="max_consecutive_failures"):
+        NvmlSampler(max_consecutive_failures=0)
