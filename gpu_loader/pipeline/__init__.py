@@ -1,1 +1,25 @@
-"""gpu_loader.pipeline (see README.md in this folder)."""
+"""The engine: threads, per-stage concurrency, bounded queues, failures and live stats.
+
+It knows nothing about images, torch or CUDA. See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+from ._builder import PipelineBuilder
+from ._defs import SKIP, LaneThreshold, OutputOrder, SlowLane
+from ._errors import FailureRecord, PipelineFailure
+from ._pipeline import Pipeline
+from ._stats import PipelineStats, StageStats
+
+__all__ = [
+    "SKIP",
+    "FailureRecord",
+    "LaneThreshold",
+    "OutputOrder",
+    "Pipeline",
+    "PipelineBuilder",
+    "PipelineFailure",
+    "PipelineStats",
+    "SlowLane",
+    "StageStats",
+]

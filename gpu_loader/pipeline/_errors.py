@@ -1,0 +1,141 @@
+"""Failure records, the failure policy of a stage and the error raised to the consumer."""
+
+from __future__ import annotations
+
+import builtins
+import reprlib
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    _ExceptionGroup = builtins.ExceptionGroup
+else:  # pragma: no cover - Python 3.10 uses the backport
+    from exceptiongroup import ExceptionGroup as _ExceptionGroup
+
+# A rate limit (`max_failures=0.05`) is only checked after this many calls of the stage,
+# so one early failure in ten calls does not stop a run; at end of stream it is always checked.
+RATE_WARMUP_CALLS = 100
+# PipelineFailure carries at most this many causes; all of them stay in `failures()`.
+MAX_CAUSES = 64
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+
+
+class PipelineFailure(_ExceptionGroup[Exception]):  # type: ignore[misc]
+    """Raised to the consumer when a stage passes its ``max_failures`` (or fails fatally).
+
+    Each cause carries a note ``"stage: <name>, sample: <key>"`` and its original traceback.
+    """
+
+    def derive(self, excs: Sequence[Exception]) -> PipelineFailure:  # type: ignore[override]
+        return PipelineFailure(self.message, excs)
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 where the method does not exist."""
+    adder = getattr(exc, "add_note", None)
+    if adder is not None:
+        adder(note)
+        return
+    notes = getattr(exc, "__notes__", None)  # pragma: no cover - Python 3.10
+    if not isinstance(notes, list):  # pragma: no cover
+        notes = []
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(note)  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One item dropped because an op raised."""
+
+    stage: str
+    """Name of the stage whose op raised."""
+    key: str
+    """The item's key: ``key_fn(item)``, else its ``key`` attribute, else a short repr."""
+    error: BaseException
+    """The exception, with its traceback and a note naming stage and key."""
+
+    @property
+    def error_text(self) -> str:
+        """``"ExcType: message"``."""
+        return f"{type(self.error).__name__}: {self.error}"
+
+    def __str__(self) -> str:
+        return self.error_text
+
+
+def item_key(item: object, key_fn: Callable[[Any], object] | None) -> str:
+    """The key used in failure records (see :attr:`FailureRecord.key`)."""
+    if key_fn is not None:
+        try:
+            return str(key_fn(item))
+        except Exception as exc:  # a broken key_fn must not hide the real failure
+            return f"{_repr.repr(item)} (key_fn raised {type(exc).__name__})"
+    key = getattr(item, "key", None)
+    if key is not None and not callable(key):
+        return str(key)
+    return _repr.repr(item)
+
+
+def _describe_limit(limit: int | float) -> str:
+    if isinstance(limit, float):
+        return f"failure rate above {limit:g}"
+    return f"more than {limit} failure{'s' if limit != 1 else ''}"
+
+
+class FailurePolicy:
+    """Counts one stage's calls and failures and decides when the pipeline must stop."""
+
+    def __init__(self, stage: str, limit: int | float | None) -> None:
+        self._stage = stage
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._records: list[FailureRecord] = []
+
+    def record(self, record: FailureRecord, calls: int) -> PipelineFailure | None:
+        """Store ``record``; return the error to raise if the limit is now passed.
+
+        ``calls`` is the stage's number of calls so far, this one included.
+        """
+        with self._lock:
+            self._records.append(record)
+            return self._check(calls, final=False)
+
+    def check_final(self, calls: int) -> PipelineFailure | None:
+        """At end of stream: check a rate limit whatever the number of calls."""
+        with self._lock:
+            return self._check(calls, final=True)
+
+    def records(self) -> list[FailureRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def failures(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def _check(self, calls: int, *, final: bool) -> PipelineFailure | None:
+        limit, failed = self._limit, len(self._records)
+        if limit is None or failed == 0:
+            return None
+        if isinstance(limit, float):
+            if calls < RATE_WARMUP_CALLS and not final:
+                return None
+            if failed / max(calls, 1) <= limit:
+                return None
+            detail = f"{failed} of {calls} calls failed"
+        else:
+            if failed <= limit:
+                return None
+            detail = f"{failed} calls failed"
+        causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
+        return PipelineFailure(
+            f"stage {self._stage!r}: {_describe_limit(limit)} ({detail}); "
+            f"raise `max_failures` to tolerate more, see Pipeline.failures() for all records",
+            causes,
+        )

@@ -1,0 +1,92 @@
+"""The input-order ``pipe`` stage for concurrency > 1: a bounded reorder buffer.
+
+Workers number items as they take them, run the op in parallel and deposit results by
+number. Whoever deposits the next number due becomes the flusher and hands results on in
+order, outside the lock. A window semaphore caps items taken but not yet handed on at
+``2 * concurrency``, so one slow item cannot make the buffer grow without limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._channel import EOS, POLL_S, Channel, Stopped
+from ._defs import SKIP, PipeSpec
+from ._pipe_stage import _DROPPED, PipeStage
+from ._slow_lane import WorkerSlot
+from ._stats import WorkerCounters
+
+
+class OrderedPipeStage(PipeStage):
+    def __init__(self, spec: PipeSpec) -> None:
+        super().__init__(spec)
+        self.window = 2 * spec.concurrency
+        self._window = threading.Semaphore(self.window)
+        self._take_lock = threading.Lock()
+        self._next_take = 0
+        self._out_lock = threading.Lock()
+        self._next_out = 0
+        self._ready: dict[int, Sequence[Any]] = {}
+        self._flushing = False
+
+    def _loop(
+        self, call: Callable[[Any], Any], counters: WorkerCounters, slot: WorkerSlot | None
+    ) -> None:
+        inq = self.inq
+        assert inq is not None
+        get, occupancy, add_task = inq.get, inq.occupancy, counters.add_task
+        generator = self.spec.is_generator
+        pc = time.perf_counter
+        while True:
+            occ = occupancy()
+            t0 = pc()
+            self._acquire_window(inq)
+            with self._take_lock:
+                item = get()
+                seq = self._next_take
+                self._next_take += 1
+            t1 = pc()
+            if item is EOS:
+                self._window.release()
+                self.saw_eos(inq)
+                return
+            try:
+                result = call(item)
+            except Exception as exc:
+                result = self.failed(item, exc)
+            t2 = pc()
+            skipped = result is SKIP
+            if skipped or result is _DROPPED:
+                outs: Sequence[Any] = ()
+            else:
+                outs = result if generator else (result,)
+            self._deposit(seq, outs)
+            add_task(t2 - t1, t1 - t0, pc() - t2, occ, skipped)
+
+    def _acquire_window(self, inq: Channel) -> None:
+        while not self._window.acquire(timeout=POLL_S):
+            if inq.stop.is_set():
+                raise Stopped
+
+    def _deposit(self, seq: int, outs: Sequence[Any]) -> None:
+        with self._out_lock:
+            self._ready[seq] = outs
+            if self._flushing or seq != self._next_out:
+                return
+            self._flushing = True
+        out = self.out
+        assert out is not None
+        while True:
+            with self._out_lock:
+                ready = self._ready.pop(self._next_out, None)
+                if ready is None:
+                    self._flushing = False
+                    return
+                self._next_out += 1
+            # Put outside the lock: others keep depositing while we wait on backpressure.
+            for value in ready:
+                out.put(value)
+            self._window.release()

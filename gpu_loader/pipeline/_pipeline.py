@@ -1,0 +1,202 @@
+"""The running pipeline: lifecycle, the consumer's iterator, stats and failures.
+
+``Pipeline`` is the user's handle; ``_Core`` is what threads may reference. Keeping
+threads off the handle means ``del pipeline`` (or interpreter exit) triggers the
+finalizer, which stops and joins every thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._channel import EOS, POLL_S, Channel
+from ._errors import FailureRecord
+from ._pipe_stage import PipeStage
+from ._runtime import Runtime, logger
+from ._stage import Stage
+from ._stats import PipelineStats, WorkerCounters, find_bottleneck
+
+_ids = itertools.count(1)
+
+
+class _Core:
+    """Stages, channels and runtime of one pipeline; never references the Pipeline."""
+
+    def __init__(self, stages: Sequence[Stage], sink_capacity: int) -> None:
+        self.rt = Runtime(f"gpu_loader-pipeline-{next(_ids)}")
+        self.stages = tuple(stages)
+        self.sink = Channel(sink_capacity, self.rt.stop)
+        self.consumer = WorkerCounters()
+        self.started_at = 0.0
+        upstream: Channel | None = None
+        for i, stage in enumerate(self.stages):
+            last = i == len(self.stages) - 1
+            nxt = self.stages[i + 1] if not last else None
+            out = self.sink if nxt is None else Channel(_input_capacity(nxt), self.rt.stop)
+            stage.connect(upstream, out)
+            upstream = out
+
+    def start(self) -> None:
+        self.started_at = time.perf_counter()
+        for stage in self.stages:
+            stage.start(self.rt)
+
+    def shutdown(self) -> None:
+        self.rt.shutdown()
+
+    def stats(self) -> PipelineStats:
+        stages = tuple(stage.stats() for stage in self.stages)
+        with self.consumer.lock:
+            items_out, occ_sum, occ_n = (
+                self.consumer.tasks,
+                self.consumer.occ_sum,
+                self.consumer.occ_n,
+            )
+        sink_mean = occ_sum / occ_n if occ_n else 0.0
+        bottleneck, reason = find_bottleneck(stages, sink_mean, self.sink.capacity)
+        elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
+        return PipelineStats(
+            stages=stages,
+            bottleneck=bottleneck,
+            bottleneck_reason=reason,
+            elapsed_s=elapsed,
+            items_out=items_out,
+            sink_queue_mean=sink_mean,
+            sink_queue_capacity=self.sink.capacity,
+        )
+
+    def failures(self) -> list[FailureRecord]:
+        records: list[FailureRecord] = []
+        for stage in self.stages:
+            if isinstance(stage, PipeStage):
+                records.extend(stage.policy.records())
+        return records
+
+    def report(self, interval: float, on_report: Callable[[PipelineStats], None] | None) -> None:
+        """The reporter thread: stats every ``interval`` seconds until the pipeline stops."""
+        while not self.rt.stop.wait(interval):
+            stats = self.stats()
+            if on_report is None:
+                logger.info("pipeline stats:\n%s", stats.format())
+                continue
+            try:
+                on_report(stats)
+            except Exception:
+                # A broken report callback must not stop training; say so loudly instead.
+                logger.exception("pipeline %s: on_report raised", self.rt.name)
+
+
+def _input_capacity(stage: Stage) -> int:
+    """Queue capacity in front of ``stage``: enough to keep every worker fed."""
+    return max(2, 2 * stage.concurrency)
+
+
+class Pipeline:
+    """A built pipeline. Use ``with pipeline:`` and iterate it; see the package README."""
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        sink_capacity: int,
+        report_interval: float | None = None,
+        on_report: Callable[[PipelineStats], None] | None = None,
+    ) -> None:
+        self._core = core = _Core(stages, sink_capacity)
+        self._report = (report_interval, on_report)
+        self._lock = threading.Lock()
+        self._state = "built"  # -> "running" -> "closed"
+        self._iterating = False
+        self._finalizer = weakref.finalize(self, core.shutdown)
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Pipeline:
+        """Start every thread; a no-op when already running."""
+        with self._lock:
+            if self._state == "closed":
+                raise RuntimeError("this pipeline is closed; build a new one to run again")
+            if self._state == "running":
+                return self
+            self._state = "running"
+        core = self._core
+        core.start()
+        interval, on_report = self._report
+        if interval is not None:
+            core.rt.spawn(lambda: core.report(interval, on_report), "reporter")
+        return self
+
+    def close(self) -> None:
+        """Stop and join every thread (idempotent; safe from any thread)."""
+        with self._lock:
+            self._state = "closed"
+        self._finalizer()
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Consuming -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the outputs; starts the pipeline if needed and closes it when left.
+
+        A pipeline is single-pass: leaving the loop early (break, exception) closes it.
+        """
+        with self._lock:
+            if self._state == "closed":
+                raise RuntimeError("this pipeline is closed (single pass); build a new one")
+            if self._iterating:
+                raise RuntimeError("this pipeline is already being iterated (single consumer)")
+            self._iterating = True
+        self.start()
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        core = self._core
+        rt, q, add = core.rt, core.sink.q, core.consumer.add_task
+        try:
+            while True:
+                if rt.stop.is_set():
+                    break
+                occupancy = len(q.queue)
+                try:
+                    item = q.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if item is EOS:
+                    break
+                add(0.0, 0.0, 0.0, occupancy, False)
+                yield item
+            if rt.fatal is not None:
+                raise rt.fatal
+        finally:
+            self.close()
+
+    # Inspection ------------------------------------------------------------------------
+
+    def stats(self) -> PipelineStats:
+        """A snapshot of per-stage and pipeline statistics (cheap; safe while running)."""
+        return self._core.stats()
+
+    def failures(self) -> list[FailureRecord]:
+        """Every failure recorded so far, in stage order (a snapshot)."""
+        return self._core.failures()
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The pipeline's threads that are still alive (for diagnostics and tests)."""
+        return self._core.rt.live_threads()

@@ -1,0 +1,114 @@
+"""The slow lane of a ``pipe`` stage: a watchdog moves workers stuck on a long task aside.
+
+A worker whose current task has run longer than ``threshold.limit()`` is marked slow; it
+finishes that task (never restarted, so never run twice), hands the result on and
+exits. The watchdog starts a replacement at once, so the fast lane keeps ``concurrency``
+workers taking new items. At most ``max_threads`` workers are slow at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from ._defs import SlowLane
+
+if TYPE_CHECKING:
+    from ._pipe_stage import PipeStage
+
+
+class WorkerSlot:
+    """One worker's running task as the watchdog sees it."""
+
+    __slots__ = ("_clock", "lock", "slow", "started")
+
+    def __init__(self, lane: SlowLane) -> None:
+        self.lock = threading.Lock()
+        self._clock = lane.clock
+        self.started: float | None = None  # clock() when the running task began
+        self.slow = False
+
+    def begin(self) -> None:
+        now = self._clock()
+        with self.lock:
+            self.started = now
+
+
+class LaneState:
+    """Fast/slow bookkeeping and the watchdog loop of one stage."""
+
+    def __init__(self, stage: PipeStage, lane: SlowLane) -> None:
+        self._stage = stage
+        self._lane = lane
+        # Guards the fields below and every call into the threshold, so a threshold
+        # implementation needs no lock of its own.
+        self._lock = threading.Lock()
+        self._fast: list[WorkerSlot] = []
+        self._slow_size = 0
+        self._moves = 0
+        self._limit: float | None = None
+
+    def new_slot(self) -> WorkerSlot:
+        slot = WorkerSlot(self._lane)
+        with self._lock:
+            self._fast.append(slot)
+        return slot
+
+    def task_done(self, slot: WorkerSlot) -> bool:
+        """Feed the task's duration to the threshold; True if the worker was moved."""
+        now = self._lane.clock()
+        with slot.lock:
+            started, slot.started = slot.started, None
+            moved = slot.slow
+        if started is not None:
+            with self._lock:
+                self._lane.threshold.observe(now - started)
+        return moved
+
+    def worker_exited(self, slot: WorkerSlot) -> None:
+        with self._lock:
+            if slot in self._fast:
+                self._fast.remove(slot)
+            elif slot.slow:
+                self._slow_size -= 1
+
+    def view(self) -> tuple[float | None, int, int]:
+        """(current limit, moves so far, workers in the slow lane now)."""
+        with self._lock:
+            return self._limit, self._moves, self._slow_size
+
+    def fast_size(self) -> int:
+        with self._lock:
+            return len(self._fast)
+
+    def watch(self) -> None:
+        """The watchdog thread: every ``poll_s``, move over-limit workers to the slow lane."""
+        stage, lane = self._stage, self._lane
+        rt = stage.rt
+        assert rt is not None
+        while not rt.stop.wait(lane.poll_s):
+            if stage.eos_seen():
+                return  # no new items: a replacement would have nothing to do
+            for _ in range(self._move_stragglers()):
+                stage.spawn_worker()
+
+    def _move_stragglers(self) -> int:
+        lane = self._lane
+        with self._lock:
+            self._limit = limit = lane.threshold.limit()
+            if limit is None:
+                return 0
+            now = lane.clock()
+            moved = 0
+            for slot in list(self._fast):
+                if self._slow_size >= lane.max_threads:
+                    break
+                with slot.lock:
+                    if slot.started is None or now - slot.started <= limit:
+                        continue
+                    slot.slow = True
+                self._fast.remove(slot)
+                self._slow_size += 1
+                self._moves += 1
+                moved += 1
+            return moved
