@@ -1,0 +1,77 @@
+"""StragglerBatcher: fast samples fill batches at once; a straggler joins a later batch."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+from gpu_loader.batching._base import BatcherBase, check_delay
+
+T = TypeVar("T")
+
+
+class StragglerBatcher(BatcherBase[T]):
+    """Form batches from the samples that are ready; bound how late any sample may be.
+
+    Rules (``B = batch_size``, ``D = max_delay_batches``, nominal batch of a position
+    ``p // B``, emission index ``e`` of the next batch):
+
+    * A batch is the ``B`` ready samples with the smallest positions (oldest nominal batch
+      first), formed as soon as ``B`` are ready.
+    * Lateness bound: every sample is delivered in a batch with index ``<= p // B + D``.
+      Batch ``e`` is therefore held back while some incomplete position ``p`` below the
+      high-water mark (the highest position started or completed) has ``p // B + D <= e``:
+      the consumer waits for that straggler. Positions above the mark have not entered the
+      pipeline and belong to the future; an unstarted position below it (a start order
+      reordered by `order_by_cost`) counts as pending, so the bound holds for it too.
+    * Every kept position is delivered exactly once or reported failed. Once all of them
+      have completed, the tail is emitted, the last batch short when ``n - failed`` is not a
+      multiple of ``B``.
+    * ``drop_last=True`` drops the nominal short last batch, as in ordered mode: positions
+      ``>= n - n % B`` are not part of the epoch (reported in ``stats().dropped``, not
+      failed; the loader must not start them). The set of delivered samples is thus the
+      same in both modes; a failure can still leave the final batch short.
+
+    With ``D = 0`` and no failures the batches equal `OrderedBatcher`'s. Progress: with
+    positions started in ascending order (or reordered in blocks by `order_by_cost` with
+    look-ahead ``L``), a loader whose in-flight window (started minus emitted or failed)
+    is at least ``B + L`` never deadlocks; ``(D + 1) * B + L`` lets fast samples run ahead
+    by the full bound. Memory: the batcher holds only samples inside that window.
+    """
+
+    mode: Literal["ordered", "straggler"] = "straggler"
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_positions: int,
+        *,
+        max_delay_batches: int = 2,
+        drop_last: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(
+            batch_size, num_positions, drop_last, check_delay(max_delay_batches), clock
+        )
+        self._heap: list[int] = []  # ready positions, smallest first
+
+    @property
+    def max_delay_batches(self) -> int:
+        return self._max_delay
+
+    def _on_completed(self, position: int, *, ok: bool) -> None:
+        if ok:
+            heapq.heappush(self._heap, position)
+
+    def _select(self) -> list[int] | None:
+        heap, ledger, size = self._heap, self._ledger, self.plan.batch_size
+        if not heap or (len(heap) < size and not ledger.done):
+            return None
+        low = ledger.low()
+        if low < ledger.highwater and low // size + self._max_delay <= self._emitted:
+            return None  # emitting now would push `low` past its bound: wait for it
+        # Smallest positions first is earliest-deadline-first: while the bound above holds
+        # for every incomplete position, it also holds for the ready ones left out.
+        return [heapq.heappop(heap) for _ in range(min(size, len(heap)))]

@@ -1,0 +1,237 @@
+"""StragglerBatcher: exactly once, bounded lateness, fast samples first, drop_last, the tail."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_loader.batching import OrderedBatcher, StragglerBatcher
+
+from ._sim import FakeClock, check_exactly_once, simulate
+
+# Heavy tail: most tasks take 1-3 ticks, about one in ten 8-16 times longer.
+DURATION = st.one_of(
+    st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(8, 48)
+).map(float)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, *, with_failures: bool = True) -> dict[str, object]:
+    n = draw(st.integers(0, 70))
+    size = draw(st.integers(1, 8))
+    delay = draw(st.integers(0, 3))
+    durations = draw(st.lists(DURATION, min_size=n, max_size=n))
+    if with_failures:
+        failures = draw(st.lists(st.integers(0, 9).map(lambda x: x == 0), min_size=n, max_size=n))
+    else:
+        failures = [False] * n
+    threads = draw(st.integers(1, 8))
+    # From the smallest window that guarantees progress (B) to "everything in flight".
+    window = draw(st.integers(size, max(size, n) + size))
+    return {
+        "n": n,
+        "size": size,
+        "delay": delay,
+        "durations": durations,
+        "failures": failures,
+        "threads": threads,
+        "window": window,
+        "drop_last": draw(st.booleans()),
+    }
+
+
+def run_straggler(s: dict[str, object]):  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    batcher: StragglerBatcher[tuple[str, int]] = StragglerBatcher(
+        s["size"], s["n"], max_delay_batches=s["delay"], drop_last=s["drop_last"], clock=clock
+    )
+    order = range(batcher.plan.num_kept)
+    run = simulate(
+        batcher, clock, s["durations"], s["failures"], threads=s["threads"],
+        window=s["window"], order=order,
+    )  # fmt: skip
+    return batcher, run
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_exactly_once_and_bounded_delay_under_heavy_tails(s: dict[str, object]) -> None:
+    batcher, run = run_straggler(s)
+    size, delay = s["size"], s["delay"]
+    check_exactly_once(run, batcher.plan.num_kept)
+    assert all(count == 1 for count in run.calls.values())
+    assert [b.index for b in run.batches] == list(range(len(run.batches)))
+    # Full batches except the tail; a short batch is only ever the last one.
+    assert all(len(b) == size for b in run.batches[:-1])
+    assert all(len(b) >= 1 for b in run.batches)
+    for batch in run.batches:
+        assert batch.delays == tuple(batch.index - p // size for p in batch.positions)
+        assert batch.max_delay <= delay
+    stats = batcher.stats()
+    assert stats.overdue == 0
+    assert stats.max_delay <= delay
+    assert stats.delivered == len(run.delivered())
+    assert stats.failed == len(run.failed)
+    assert stats.batches == len(run.batches)
+    assert stats.pending == stats.ready == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(with_failures=False))
+def test_zero_delay_without_failures_equals_ordered(s: dict[str, object]) -> None:
+    s = {**s, "delay": 0}
+    _, straggler = run_straggler(s)
+    clock = FakeClock()
+    ordered: OrderedBatcher[tuple[str, int]] = OrderedBatcher(
+        s["size"], s["n"], s["drop_last"], clock=clock
+    )
+    run = simulate(
+        ordered, clock, s["durations"], s["failures"], threads=s["threads"],
+        window=s["window"], order=range(ordered.plan.num_kept),
+    )  # fmt: skip
+    assert [b.positions for b in straggler.batches] == [b.positions for b in run.batches]
+
+
+def test_fast_samples_fill_batches_and_the_straggler_joins_a_later_one() -> None:
+    clock = FakeClock()
+    b: StragglerBatcher[str] = StragglerBatcher(4, 13, max_delay_batches=2, clock=clock)
+    for p in range(13):
+        b.started(p)
+    for p in range(13):
+        if p != 1:
+            b.push(p, f"x{p}")
+    first, second = b.pop(), b.pop()
+    assert first is not None and second is not None
+    assert first.positions == (0, 2, 3, 4) and first.index == 0
+    assert first.items == ("x0", "x2", "x3", "x4")
+    assert first.delays == (0, 0, 0, -1)
+    assert second.positions == (5, 6, 7, 8) and second.delays == (0, 0, 0, -1)
+    # 9..12 are ready, but batch 2 is the last one position 1 (nominal batch 0) may join.
+    clock.now = 10.0
+    assert b.pop() is None
+    clock.now = 10.5
+    assert b.pop() is None
+    clock.now = 13.0
+    b.push(1, "x1")
+    third = b.pop()
+    assert third is not None
+    assert third.positions == (1, 9, 10, 11) and third.delays == (2, 0, 0, 0)
+    tail = b.pop_final()
+    assert [(x.positions, x.index, x.delays) for x in tail] == [((12,), 3, (0,))]
+    stats = b.stats()
+    assert (stats.moved, stats.mean_moved_delay, stats.max_delay) == (1, 2.0, 2)
+    assert stats.held_back == 2
+    assert stats.held_back_s == pytest.approx(3.0)
+
+
+def test_pending_straggler_blocks_only_at_its_bound() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(2, 10, max_delay_batches=1, clock=FakeClock())
+    for p in range(10):
+        b.started(p)
+    for p in range(1, 10):
+        b.push(p, p)
+    batch = b.pop()
+    assert batch is not None and batch.positions == (1, 2)
+    assert b.pop() is None  # batch 1 is position 0's last chance
+    b.push(0, 0)
+    batch = b.pop()
+    assert batch is not None and batch.positions == (0, 3) and batch.delays == (1, 0)
+
+
+def test_unstarted_gap_below_the_high_water_mark_counts_as_pending() -> None:
+    # A cost-reordered start: position 0 has not started, 1..5 have completed.
+    b: StragglerBatcher[int] = StragglerBatcher(2, 6, max_delay_batches=0, clock=FakeClock())
+    for p in range(1, 6):
+        b.started(p)
+        b.push(p, p)
+    assert b.pop() is None
+    b.started(0)
+    b.push(0, 0)
+    assert [x.positions for x in b.pop_final()] == [(0, 1), (2, 3), (4, 5)]
+
+
+def test_drop_last_keeps_the_same_deterministic_set_as_ordered_mode() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 10, drop_last=True, clock=FakeClock())
+    assert b.plan.num_kept == 8 and list(b.plan.dropped) == [8, 9]
+    with pytest.raises(ValueError, match=r"dropped by drop_last=True \(positions >= 8\)"):
+        b.started(9)
+    for p in range(8):
+        b.started(p)
+    b.fail(5)
+    for p in (7, 6, 4, 3, 2, 1, 0):
+        b.push(p, p)
+    batches = [b.pop(), *b.pop_final()]
+    # A failure leaves the final batch short; drop_last only removes the nominal tail.
+    assert [x.positions for x in batches if x] == [(0, 1, 2, 3), (4, 6, 7)]
+    stats = b.stats()
+    assert (stats.dropped, stats.failed, stats.delivered) == (2, 1, 7)
+
+
+def test_short_tail_waits_until_every_position_completed() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 6, clock=FakeClock())
+    for p in range(6):
+        b.started(p)
+    for p in (0, 1, 2, 3, 4):
+        b.push(p, p)
+    first = b.pop()
+    assert first is not None and first.positions == (0, 1, 2, 3)
+    assert b.pop() is None  # only 1 ready and position 5 still running
+    with pytest.raises(RuntimeError, match=r"1 position\(s\) never completed, e.g. \[5\]"):
+        b.finish()
+    b.push(5, 5)
+    assert [x.positions for x in b.pop_final()] == [(4, 5)]
+
+
+def test_misuse_raises_clear_errors() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(2, 4, clock=FakeClock())
+    b.started(0)
+    with pytest.raises(ValueError, match="position 0 was already started"):
+        b.started(0)
+    b.push(0, 0)
+    with pytest.raises(ValueError, match="position 0 was already completed"):
+        b.push(0, 0)
+    with pytest.raises(ValueError, match="position 0 was already completed"):
+        b.fail(0)
+    with pytest.raises(ValueError, match=r"position must be in \[0, 4\), got 4"):
+        b.push(4, 4)
+    with pytest.raises(ValueError, match="max_delay_batches"):
+        StragglerBatcher(2, 4, max_delay_batches=-1)
+    with pytest.raises(ValueError, match="`batch_size` must be >= 1, got 0"):
+        StragglerBatcher(0, 4)
+    with pytest.raises(TypeError, match="`clock` must be a callable"):
+        StragglerBatcher(2, 4, clock=1.0)  # type: ignore[arg-type]
+
+
+def test_push_without_started_counts_as_started() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(2, 2, clock=FakeClock())
+    b.push(1, 1)
+    b.fail(0)
+    assert [x.positions for x in b.pop_final()] == [(1,)]
+    assert b.stats().failed == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_any_completion_order_with_everything_in_flight(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 60))
+    size = data.draw(st.integers(1, 6))
+    delay = data.draw(st.integers(0, 3))
+    order = data.draw(st.permutations(range(n)))
+    failed = data.draw(st.sets(st.integers(0, n - 1), max_size=n // 4))
+    b: StragglerBatcher[int] = StragglerBatcher(size, n, max_delay_batches=delay)
+    for p in range(n):
+        b.started(p)
+    batches = []
+    for p in order:
+        if p in failed:
+            b.fail(p)
+        else:
+            b.push(p, p)
+        while (batch := b.pop()) is not None:
+            batches.append(batch)
+    batches += b.pop_final()
+    delivered = [p for x in batches for p in x.positions]
+    assert sorted(delivered) == sorted(set(range(n)) - failed)
+    assert all(len(x) == size for x in batches[:-1])
+    assert all(x.max_delay <= delay for x in batches)
