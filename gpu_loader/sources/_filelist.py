@@ -61,7 +61,10 @@ class FileList(FileIndex):
         folder with its CSV inside can be moved as a whole.
         """
         location = os.fspath(path)
-        text = _io.read_file(location, location).decode("utf-8-sig")
+        try:
+            text = _io.read_file(location, location).decode("utf-8-sig")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"CSV file {location!r} not found") from None
         rows = csv.reader(io.StringIO(text))
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:

@@ -1,0 +1,125 @@
+"""FileList: explicit items and CSVs with relative paths, locally and through fsspec."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from gpu_loader.sources import FileList, SampleIndex
+from tests.sources._data import image_bytes, write
+
+
+def test_items_keep_order_labels_and_bytes(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.jpg", image_bytes(1))
+    b = write(tmp_path / "b.png", image_bytes(2, "PNG"))
+    index = FileList([(a, 3), (str(b), np.int64(0)), (a, 1)])
+    assert isinstance(index, SampleIndex)
+    assert [index.key(i) for i in range(3)] == [str(a), str(b), str(a)]
+    assert index.labels.tolist() == [3, 0, 1]
+    assert index.read(1) == b.read_bytes()
+    assert index.nbytes(0) == a.stat().st_size
+    assert index.classes == []
+
+
+@pytest.mark.parametrize(
+    ("items", "error", "match"),
+    [
+        ([("a.jpg", 1.0)], TypeError, "must be an int, got 1.0"),
+        ([("a.jpg", True)], TypeError, "must be an int"),
+        ([("a.jpg",)], TypeError, "item 0 must be a"),
+        ([(3, 1)], TypeError, "path must be a str"),
+        ([("", 1)], ValueError, "path is empty"),
+    ],
+)
+def test_bad_items_are_refused(items: list[tuple[object, ...]], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        FileList(items)  # type: ignore[arg-type]
+
+
+def test_classes_must_cover_labels() -> None:
+    assert FileList([("a.jpg", 1)], classes=["x", "y"]).classes == ["x", "y"]
+    with pytest.raises(ValueError, match="each label must index"):
+        FileList([("a.jpg", 2)], classes=["x", "y"])
+
+
+def test_csv_with_relative_absolute_and_url_paths(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write(data / "img" / "a.jpg", image_bytes(1))
+    elsewhere = write(tmp_path / "other" / "b.jpg", image_bytes(2))
+    csv = data / "list.csv"
+    csv.write_text(
+        "path,label,comment\n"
+        "img/a.jpg,4,relative to the CSV\n"
+        "\n"
+        f"{elsewhere},2,absolute\n"
+        "memory://bucket/c.jpg, 7 ,url\n"
+    )
+    index = FileList.from_csv(csv)
+    assert [index.key(i) for i in range(3)] == [
+        os.path.join(data, "img/a.jpg"),
+        str(elsewhere),
+        "memory://bucket/c.jpg",
+    ]
+    assert index.labels.tolist() == [4, 2, 7]
+    assert index.read(0) == (data / "img" / "a.jpg").read_bytes()
+    assert index.nbytes(2) is None  # remote size would cost a request
+
+
+def test_csv_label_column_may_come_first(tmp_path: Path) -> None:
+    write(tmp_path / "a.jpg", image_bytes(1))
+    (tmp_path / "l.csv").write_text("label,path\n5,a.jpg\n")
+    index = FileList.from_csv(tmp_path / "l.csv")
+    assert index.key(0) == os.path.join(tmp_path, "a.jpg")
+    assert index.label(0) == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("file,class\na.jpg,1\n", "header row naming"),
+        ("", "header row naming"),
+        ("path,label\na.jpg,one\n", "line 2: label 'one' is not an integer"),
+        ("path,label\na.jpg,1\nb.jpg\n", "line 3: too few columns"),
+    ],
+)
+def test_bad_csv_is_a_clear_error(tmp_path: Path, text: str, match: str) -> None:
+    (tmp_path / "l.csv").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        FileList.from_csv(tmp_path / "l.csv")
+
+
+def test_missing_csv_and_missing_sample(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.csv"):
+        FileList.from_csv(tmp_path / "nope.csv")
+    index = FileList([(tmp_path / "gone.jpg", 0)])
+    with pytest.raises(FileNotFoundError, match=r"gone\.jpg"):
+        index.read(0)
+    with pytest.raises(FileNotFoundError, match=r"gone\.jpg"):
+        index.readinto(0, bytearray(10))
+
+
+def test_csv_in_memory_resolves_relative_urls(memfs: tuple[fsspec.AbstractFileSystem, str]) -> None:
+    fs, base = memfs
+    jpg = image_bytes(5)
+    fs.pipe_file(f"{base}/set/img/a.jpg", jpg)
+    fs.pipe_file(f"{base}/set/list.csv", b"path,label\nimg/a.jpg,1\nimg/missing.jpg,0\n")
+    index = FileList.from_csv(f"memory://{base}/set/list.csv")
+    assert index.key(0) == f"memory://{base}/set/img/a.jpg"
+    assert index.read(0) == jpg
+    buf = np.zeros(len(jpg) + 1, np.uint8)
+    assert index.readinto(0, buf) == len(jpg)
+    assert buf[: len(jpg)].tobytes() == jpg
+    with pytest.raises(FileNotFoundError, match=r"missing\.jpg"):
+        index.read(1)
+
+
+def test_fingerprint_depends_on_keys_and_labels() -> None:
+    base = FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint()
+    assert FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint() == base
+    assert FileList([("a.jpg", 0), ("b.jpg", 2)]).fingerprint() != base
+    assert FileList([("b.jpg", 1), ("a.jpg", 0)]).fingerprint() != base
+    assert FileList([("a.jpg", 0)]).fingerprint() != base

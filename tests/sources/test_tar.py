@@ -1,0 +1,194 @@
+"""TarShards: random reads equal sequential reads, labels, hostile members, fsspec shards."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from gpu_loader.sources import BufferTooSmallError, SampleIndex, TarShards, expand_urls
+from tests.sources._data import add_member, image_bytes, shard_bytes
+
+
+def _samples(shard: int, count: int) -> list[tuple[str, str, bytes, int | None]]:
+    exts = ["jpg", "png", "jpeg", "webp"]
+    fmts = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+    out: list[tuple[str, str, bytes, int | None]] = []
+    for k in range(count):
+        ext = exts[k % len(exts)]
+        data = image_bytes(100 * shard + k, fmts[ext], size=(5 + k, 4 + shard))
+        out.append((f"s{shard}/{k:04d}", ext, data, (shard * 7 + k) % 5))
+    return out
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    paths = []
+    for s in range(3):
+        path = tmp_path / f"train-{s:03d}.tar"
+        path.write_bytes(shard_bytes(_samples(s, 4 + s)))
+        paths.append(path)
+    return paths
+
+
+def _sequential(paths: list[Path]) -> list[tuple[str, bytes, int]]:
+    """Reference: stream every shard with tarfile, pair images with their .cls."""
+    out = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+        for name, data in members.items():
+            stem, ext = name.split(".", 1)
+            if ext != "cls":
+                out.append((f"{path}:{name}", data, int(members[f"{stem}.cls"])))
+    return out
+
+
+def test_random_reads_match_sequential_reads(shards: list[Path]) -> None:
+    index = TarShards([str(p) for p in shards])
+    assert isinstance(index, SampleIndex)
+    expected = _sequential(shards)
+    assert len(index) == len(expected) == 4 + 5 + 6
+    assert [index.key(i) for i in range(len(index))] == [k for k, _, _ in expected]
+    assert index.labels.tolist() == [label for _, _, label in expected]
+    order = np.random.default_rng(0).permutation(len(index))
+    for i in order:  # random access: every read seeks on its own
+        key, data, label = expected[i]
+        assert index.read(i) == data, key
+        assert index.nbytes(i) == len(data)
+        assert index.label(i) == label
+        buf = np.zeros(len(data), np.uint8)
+        assert index.readinto(i, buf) == len(data)
+        assert buf.tobytes() == data
+
+
+def test_readinto_too_small_names_the_member(shards: list[Path]) -> None:
+    index = TarShards([str(shards[0])])
+    with pytest.raises(BufferTooSmallError, match=r"train-000\.tar:s0/0000\.jpg"):
+        index.readinto(0, bytearray(10))
+
+
+def test_brace_pattern_and_single_path(shards: list[Path], tmp_path: Path) -> None:
+    pattern = f"{tmp_path}/train-{{000..002}}.tar"
+    assert expand_urls(pattern) == [str(p) for p in shards]
+    assert len(TarShards(pattern)) == 15
+    assert len(TarShards(shards[1])) == 5
+    assert expand_urls("a-{x,y}-{8..10}") == [
+        "a-x-8",
+        "a-x-9",
+        "a-x-10",
+        "a-y-8",
+        "a-y-9",
+        "a-y-10",
+    ]
+    with pytest.raises(ValueError, match="backwards"):
+        expand_urls("s-{5..1}.tar")
+
+
+def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("dir"))  # a directory entry: skipped
+        add_member(tar, "a.jpg", image_bytes(1))
+        add_member(tar, "a.json", b"{}")
+        add_member(tar, "b.json", b"{}")  # no image: not a sample
+        add_member(tar, "README", b"no extension")
+        add_member(tar, "c.png", image_bytes(2, "PNG"))
+        add_member(tar, "c.cls", b" 3\n")
+    path = tmp_path / "x.tar"
+    path.write_bytes(out.getvalue())
+    index = TarShards([str(path)])
+    assert [index.key(i).split(":")[-1] for i in range(len(index))] == ["a.jpg", "c.png"]
+    assert index.labels.tolist() == [-1, 3]
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd.jpg", "../up.jpg", "a/../../b.jpg", "C:/x.jpg"])
+def test_hostile_member_names_are_refused(tmp_path: Path, name: str) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        add_member(tar, "fine.jpg", image_bytes(1))
+        add_member(tar, name, image_bytes(2))
+    path = tmp_path / "bad.tar"
+    path.write_bytes(out.getvalue())
+    with pytest.raises(ValueError, match="escapes the archive") as info:
+        TarShards([str(path)])
+    assert repr(name) in str(info.value)
+
+
+def test_links_duplicates_and_bad_labels_are_refused(tmp_path: Path) -> None:
+    def shard(build: object) -> str:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            build(tar)  # type: ignore[operator]
+        path = tmp_path / f"s{len(list(tmp_path.iterdir()))}.tar"
+        path.write_bytes(out.getvalue())
+        return str(path)
+
+    def link(tar: tarfile.TarFile) -> None:
+        info = tarfile.TarInfo("evil.jpg")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(info)
+
+    with pytest.raises(ValueError, match=r"'evil\.jpg' is a link"):
+        TarShards([shard(link)])
+    with pytest.raises(ValueError, match="two images for the key 'k'"):
+        TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.png", b"2")))])
+    with pytest.raises(ValueError, match="integer label, got 'cat'"):
+        TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.cls", b"cat")))])
+
+
+def test_compressed_and_missing_shards_are_clear_errors(shards: list[Path], tmp_path: Path) -> None:
+    gz = tmp_path / "c.tar.gz"
+    gz.write_bytes(gzip.compress(shards[0].read_bytes()))
+    with pytest.raises(ValueError, match="not an uncompressed tar"):
+        TarShards([str(gz)])
+    with pytest.raises(FileNotFoundError, match=r"nope\.tar"):
+        TarShards([str(tmp_path / "nope.tar")])
+    with pytest.raises(ValueError, match="at least one shard"):
+        TarShards([])
+
+
+def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
+    index = TarShards([str(shards[2])])
+    shards[2].write_bytes(shards[2].read_bytes()[:600])
+    with pytest.raises(EOFError, match=r"train-002\.tar:s2/0005"):
+        index.read(5)
+    with pytest.raises(EOFError, match=r"train-002\.tar:s2/0005"):
+        index.readinto(5, bytearray(1 << 16))
+
+
+def test_memory_shards_match_local(
+    shards: list[Path], memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    fs, base = memfs
+    urls = []
+    for p in shards:
+        fs.pipe_file(f"{base}/{p.name}", p.read_bytes())
+        urls.append(f"memory://{base}/{p.name}")
+    remote, local = TarShards(urls, index_threads=2), TarShards([str(p) for p in shards])
+    assert len(remote) == len(local)
+    assert remote.fingerprint() == local.fingerprint()  # shard base names, not locations
+    assert remote.key(0) == f"{urls[0]}:s0/0000.jpg"
+    for i in reversed(range(len(local))):
+        assert remote.read(i) == local.read(i)
+        buf = bytearray(local.nbytes(i) or 0)
+        assert remote.readinto(i, buf) == len(buf)
+        assert bytes(buf) == local.read(i)
+    assert remote.labels.tolist() == local.labels.tolist()
+
+
+def test_fingerprint_changes_with_labels(shards: list[Path], tmp_path: Path) -> None:
+    a = TarShards([str(shards[0])])
+    other = tmp_path / "copy" / shards[0].name
+    other.parent.mkdir()
+    samples = _samples(0, 4)
+    other.write_bytes(shard_bytes(samples))
+    assert TarShards([str(other)]).fingerprint() == a.fingerprint()
+    samples[1] = (*samples[1][:3], 4 if samples[1][3] != 4 else 3)
+    other.write_bytes(shard_bytes(samples))
+    assert TarShards([str(other)]).fingerprint() != a.fingerprint()
