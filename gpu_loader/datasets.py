@@ -1,0 +1,273 @@
+"""Synthetic photo-like image folders for tests, examples and benchmarks.
+
+`make_image_folder` writes ``root/class_XX/img_XXXXXX.jpg|png``: images with natural-image
+statistics (a smooth 1/f colour field, hard-edged shapes, mild sensor noise) so that JPEG
+sizes, decode times and resize behaviour resemble real photos rather than flat colour or white
+noise. Everything is a pure function of the seed: the same arguments give identical bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+_GENERATOR_VERSION = 1  # bump whenever the bytes for a given seed change
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """The parameters of a generated folder (what the manifest records)."""
+
+    num_images: int = 2000
+    num_classes: int = 10
+    seed: int = 0
+    min_side: int = 200
+    max_side: int = 800
+    png_fraction: float = 0.02
+    gray_fraction: float = 0.02
+    heavy_fraction: float = 0.0
+    heavy_scale: tuple[float, float] = (3.0, 4.0)
+
+    def __post_init__(self) -> None:
+        if self.num_images < 0:
+            raise ValueError(f"`num_images` must be >= 0, got {self.num_images}")
+        if self.num_classes < 1:
+            raise ValueError(f"`num_classes` must be >= 1, got {self.num_classes}")
+        if not 16 <= self.min_side <= self.max_side:
+            raise ValueError(
+                "`min_side` and `max_side` must satisfy 16 <= min_side <= max_side, "
+                f"got min_side={self.min_side}, max_side={self.max_side}"
+            )
+        for name in ("png_fraction", "gray_fraction", "heavy_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1], got {value}")
+        lo, hi = self.heavy_scale
+        if not 1.0 <= lo <= hi:
+            raise ValueError(
+                f"`heavy_scale` must be (lo, hi) with 1 <= lo <= hi, got {self.heavy_scale}"
+            )
+
+
+def make_image_folder(
+    root: str | Path,
+    *,
+    num_images: int = 2000,
+    num_classes: int = 10,
+    seed: int = 0,
+    min_side: int = 200,
+    max_side: int = 800,
+    png_fraction: float = 0.02,
+    gray_fraction: float = 0.02,
+    heavy_fraction: float = 0.0,
+    heavy_scale: tuple[float, float] = (3, 4),
+    progress: bool = False,
+) -> Path:
+    """Write a deterministic ImageFolder of photo-like images under ``root`` and return it.
+
+    Image ``i`` goes to class ``i % num_classes``. Sides are drawn from
+    ``[min_side, max_side]``; a ``heavy_fraction`` of the images get their sides multiplied by
+    a factor from ``heavy_scale`` (stragglers for the batching benchmark). JPEG quality is
+    75-95. If ``root/manifest.json`` already records the same parameters, the folder is
+    reused as is (generation is deterministic, so its bytes would be identical).
+    """
+    spec = DatasetSpec(
+        num_images=num_images,
+        num_classes=num_classes,
+        seed=seed,
+        min_side=min_side,
+        max_side=max_side,
+        png_fraction=png_fraction,
+        gray_fraction=gray_fraction,
+        heavy_fraction=heavy_fraction,
+        heavy_scale=(float(heavy_scale[0]), float(heavy_scale[1])),
+    )
+    root = Path(root)
+    if manifest_matches(root, spec):
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    # Remove a stale manifest first: a half-written folder must never look complete.
+    (root / MANIFEST).unlink(missing_ok=True)
+    counts = {"images": 0, "jpeg": 0, "png": 0, "gray": 0, "heavy": 0}
+    for rel, data, kind in _progress(_generate(spec), spec.num_images, progress):
+        path = root / rel
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+        counts["images"] += 1
+        for flag in kind:
+            counts[flag] += 1
+    manifest = {"generator": _GENERATOR_VERSION, "params": _spec_json(spec), "counts": counts}
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    tmp.replace(root / MANIFEST)
+    return root
+
+
+def read_manifest(root: str | Path) -> dict[str, Any] | None:
+    """The manifest of a generated folder, or None when there is none (or it is unreadable)."""
+    try:
+        loaded = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def manifest_matches(root: str | Path, spec: DatasetSpec) -> bool:
+    """True when ``root`` holds a complete folder generated from exactly ``spec``."""
+    manifest = read_manifest(root)
+    return (
+        manifest is not None
+        and manifest.get("generator") == _GENERATOR_VERSION
+        and manifest.get("params") == _spec_json(spec)
+    )
+
+
+def _spec_json(spec: DatasetSpec) -> dict[str, Any]:
+    # Round-trip through JSON so tuples compare equal to the lists read back from disk.
+    loaded: dict[str, Any] = json.loads(json.dumps(asdict(spec)))
+    return loaded
+
+
+def _progress(
+    items: Iterable[tuple[str, bytes, tuple[str, ...]]], total: int, enabled: bool
+) -> Iterable[tuple[str, bytes, tuple[str, ...]]]:
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    bar: Iterable[tuple[str, bytes, tuple[str, ...]]] = tqdm(
+        items, total=total, desc="generating images", unit="img"
+    )
+    return bar
+
+
+def _generate(spec: DatasetSpec) -> Iterator[tuple[str, bytes, tuple[str, ...]]]:
+    width = max(2, len(str(spec.num_classes - 1)))
+    for i in range(spec.num_images):
+        # One generator per image: image i is the same whatever num_images is.
+        rng = np.random.default_rng([spec.seed, i])
+        h = int(rng.integers(spec.min_side, spec.max_side + 1))
+        w = int(rng.integers(spec.min_side, spec.max_side + 1))
+        kind: list[str] = []
+        if rng.random() < spec.heavy_fraction:
+            factor = rng.uniform(*spec.heavy_scale)
+            h, w = round(h * factor), round(w * factor)
+            kind.append("heavy")
+        gray = bool(rng.random() < spec.gray_fraction)
+        png = bool(rng.random() < spec.png_fraction)
+        quality = int(rng.integers(75, 96))
+        image = photo_like(h, w, rng)
+        if gray:
+            image = _to_gray(image)
+            kind.append("gray")
+        if png:
+            data = _encode_png(image)
+            kind.append("png")
+        else:
+            data = _encode_jpeg(image, quality, rng)
+            kind.append("jpeg")
+        ext = "png" if png else "jpg"
+        yield f"class_{i % spec.num_classes:0{width}d}/img_{i:06d}.{ext}", data, tuple(kind)
+
+
+def photo_like(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """An HWC uint8 RGB image with photo-like statistics, drawn from ``rng``."""
+    import cv2
+
+    longest = max(height, width)
+    field: np.ndarray = np.empty((height, width, 3), np.float32)
+    field[:] = rng.uniform(40, 215, size=3).astype(np.float32)
+    # Coarse octaves (illumination, background), then objects, then fine octaves on top so
+    # that objects carry texture too instead of being flat fills.
+    amplitude = _add_octaves(field, rng, cells=2, max_cells=longest / 32, amplitude=60.0)
+    _draw_shapes(field, rng)
+    _add_octaves(field, rng, cells=32, max_cells=longest / 4, amplitude=amplitude)
+    # Slight optical blur so edges span ~1-2 pixels, as in camera images.
+    field = cv2.GaussianBlur(field, (0, 0), float(rng.uniform(0.5, 1.2)))
+    # Mild sensor noise, generated at half resolution (real noise is spatially correlated
+    # after demosaicing), which also keeps generation fast.
+    nh, nw = (height + 1) // 2, (width + 1) // 2
+    noise = rng.standard_normal((nh, nw, 3), dtype=np.float32) * float(rng.uniform(2.0, 5.0))
+    np.add(field, cv2.resize(noise, (width, height), interpolation=cv2.INTER_LINEAR), out=field)
+    return np.clip(field, 0, 255).astype(np.uint8)
+
+
+def _add_octaves(
+    field: np.ndarray, rng: np.random.Generator, *, cells: int, max_cells: float, amplitude: float
+) -> float:
+    """Add upsampled noise octaves (amplitude falling ~1/f); return the next amplitude."""
+    import cv2
+
+    height, width = field.shape[:2]
+    longest = max(height, width)
+    while cells <= max(max_cells, 2):
+        ch = max(2, round(cells * height / longest))
+        cw = max(2, round(cells * width / longest))
+        coarse = rng.standard_normal((ch, cw, 3), dtype=np.float32)
+        # Colour octaves are correlated across channels, like real illumination.
+        coarse = coarse * 0.5 + coarse.mean(axis=2, keepdims=True) * 0.5
+        field += cv2.resize(coarse * amplitude, (width, height), interpolation=cv2.INTER_CUBIC)
+        cells *= 2
+        # Slightly slower than 1/f so JPEG sizes land near real photos' at these qualities.
+        amplitude *= 0.6
+    return amplitude
+
+
+def _draw_shapes(field: np.ndarray, rng: np.random.Generator) -> None:
+    import cv2
+
+    height, width = field.shape[:2]
+    scale = min(height, width)
+    for _ in range(int(rng.integers(4, 14))):
+        colour = tuple(float(c) for c in rng.uniform(0, 255, size=3))
+        cx, cy = int(rng.integers(0, width)), int(rng.integers(0, height))
+        size = max(2, int(scale * rng.uniform(0.03, 0.35)))
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            axes = (size, max(1, int(size * rng.uniform(0.3, 1.0))))
+            angle = float(rng.uniform(0, 180))
+            cv2.ellipse(field, (cx, cy), axes, angle, 0, 360, colour, -1, cv2.LINE_AA)
+        elif kind == 1:
+            pts = rng.integers(-size, size, size=(int(rng.integers(3, 7)), 2)) + np.array([cx, cy])
+            cv2.fillPoly(field, [pts.astype(np.int32)], colour, cv2.LINE_AA)
+        else:
+            end = (cx + int(rng.integers(-size, size)), cy + int(rng.integers(-size, size)))
+            thickness = max(1, int(size * rng.uniform(0.02, 0.15)))
+            cv2.line(field, (cx, cy), end, colour, thickness, cv2.LINE_AA)
+
+
+def _to_gray(image: np.ndarray) -> np.ndarray:
+    import cv2
+
+    gray: np.ndarray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    return gray
+
+
+def _encode_jpeg(image: np.ndarray, quality: int, rng: np.random.Generator) -> bytes:
+    import simplejpeg
+
+    if image.ndim == 2:
+        data = simplejpeg.encode_jpeg(image[:, :, None], quality=quality, colorspace="GRAY")
+    else:
+        # Most camera JPEGs are 4:2:0; some are 4:4:4.
+        sub = "420" if rng.random() < 0.8 else "444"
+        data = simplejpeg.encode_jpeg(
+            image, quality=quality, colorspace="RGB", colorsubsampling=sub
+        )
+    return bytes(data)
+
+
+def _encode_png(image: np.ndarray) -> bytes:
+    import cv2
+
+    bgr = image if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, 3])
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode a PNG of shape {image.shape}")
+    return buf.tobytes()

@@ -1,0 +1,249 @@
+"""CPU decode: bytes -> HWC uint8 RGB, GIL released, with DCT-domain downscaling for JPEG.
+
+JPEG (YCbCr / grayscale) goes through simplejpeg (libjpeg-turbo, GIL released) straight into an
+RGBX buffer: Pillow can map that layout without a copy, which the resize step relies on.
+PNG/WebP/BMP/GIF/TIFF go through OpenCV (GIL released), CMYK/YCCK JPEGs and anything OpenCV
+refuses through Pillow. The pixel count is checked from the header before any pixel buffer is
+allocated, so a decompression bomb costs a few bytes of parsing, not gigabytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu_loader.ops._formats import (
+    Format,
+    header_size,
+    jpeg_orientation,
+    orientation_swaps_axes,
+    sniff,
+)
+
+# Pillow's own default (Image.MAX_IMAGE_PIXELS): ~89.5 Mpx, a 0.25 GiB RGBA image.
+DEFAULT_MAX_PIXELS = 89_478_485
+DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo reduced-size IDCT with SIMD paths: 1/8, 1/4, 1/2
+_MIN_SIDE_FOR_DCT = 64  # below this, scaled decodes save nothing and edge blocks dominate
+
+
+class DecodeError(ValueError):
+    """An image could not be decoded; the message names the sample key and the reason."""
+
+
+@dataclass(frozen=True, eq=False)
+class DecodedImage:
+    """A decoded image.
+
+    ``array`` is HWC uint8 RGB (possibly a strided view). ``scale`` is the DCT downscale that
+    was applied (1, 1/2, 1/4 or 1/8): a box in original pixels maps to ``box.scaled(scale)``.
+    """
+
+    array: np.ndarray
+    scale: float = 1.0
+    # The RGBX buffer `array` is a view of, when there is one (zero-copy into Pillow).
+    rgbx: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        a = self.array
+        if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+            raise ValueError(f"`array` must be HWC uint8 with 3 channels, got {a.dtype} {a.shape}")
+
+    @property
+    def height(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.array.shape[1])
+
+
+def _fail(key: str, reason: str) -> DecodeError:
+    return DecodeError(f"cannot decode image {key!r}: {reason}")
+
+
+def _check_pixels(key: str, height: int, width: int, max_pixels: int) -> None:
+    if height < 1 or width < 1:
+        raise _fail(key, f"header gives an empty image ({height}x{width}); the file is corrupt")
+    if height * width > max_pixels:
+        raise _fail(
+            key,
+            f"{height}x{width} = {height * width:,} pixels exceeds max_pixels={max_pixels:,} "
+            "(decompression-bomb guard, checked before decoding); if the image is legitimate, "
+            f"pass max_pixels >= {height * width}",
+        )
+
+
+def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | memoryview:
+    if isinstance(data, bytes):
+        return data
+    view = memoryview(data)  # type: ignore[arg-type]  # ndarray has the buffer protocol
+    return view.cast("B")
+
+
+def probe_size(
+    data: bytes | bytearray | memoryview | np.ndarray, *, key: str = "?"
+) -> tuple[int, int] | None:
+    """(height, width) of a JPEG after EXIF orientation, from its header; None if not a JPEG.
+
+    Raises DecodeError when the bytes start like a JPEG but the header is unreadable.
+    """
+    buf = _as_bytes(data)
+    if sniff(buf) != "jpeg":
+        return None
+    height, width, _, orientation = _jpeg_header(buf, key)
+    return (width, height) if orientation_swaps_axes(orientation) else (height, width)
+
+
+def _jpeg_header(buf: bytes | memoryview, key: str) -> tuple[int, int, str, int]:
+    """(raw height, raw width, colourspace, EXIF orientation) of a JPEG."""
+    import simplejpeg
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(buf)
+    except ValueError as exc:
+        raise _fail(key, f"corrupt or truncated JPEG header ({exc})") from None
+    return int(height), int(width), str(colorspace), jpeg_orientation(buf)
+
+
+def choose_dct_factor(height: int, width: int, min_size: tuple[float, float] | None) -> int:
+    """Largest k in (8, 4, 2) whose 1/k decode is still >= ``min_size``; 1 when none is."""
+    if min_size is None or min(height, width) < _MIN_SIDE_FOR_DCT:
+        return 1
+    min_h, min_w = min_size
+    for k in DCT_FACTORS:
+        if height / k >= min_h and width / k >= min_w:
+            return k
+    return 1
+
+
+def decode(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    *,
+    key: str = "?",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    min_size: tuple[float, float] | None = None,
+) -> DecodedImage:
+    """Decode an image to RGB, EXIF orientation applied.
+
+    For a JPEG, ``min_size=(h, w)`` (in oriented pixels) allows a DCT-domain downscale by the
+    largest k in (8, 4, 2) with ``height / k >= h`` and ``width / k >= w``; the factor used
+    is ``DecodedImage.scale``. Every failure raises DecodeError naming ``key``.
+    """
+    return decode_at(data, key=key, max_pixels=max_pixels, min_size=min_size, factor=None)
+
+
+def decode_at(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    *,
+    key: str,
+    max_pixels: int,
+    min_size: tuple[float, float] | None = None,
+    factor: int | None = None,
+) -> DecodedImage:
+    """`decode` with an explicit DCT ``factor`` (JPEG only; None chooses from ``min_size``)."""
+    buf = _as_bytes(data)
+    if len(buf) == 0:
+        raise _fail(key, "the file is empty (0 bytes)")
+    fmt = sniff(buf)
+    if fmt is None:
+        head = bytes(buf[:8]).hex(" ")
+        raise _fail(
+            key,
+            f"unsupported format or not an image (first bytes: {head}); "
+            "supported: JPEG, PNG, WebP, BMP, GIF, TIFF",
+        )
+    if fmt == "jpeg":
+        return _decode_jpeg(buf, key, max_pixels, min_size, factor)
+    return _decode_other(buf, fmt, key, max_pixels)
+
+
+def _decode_jpeg(
+    buf: bytes | memoryview,
+    key: str,
+    max_pixels: int,
+    min_size: tuple[float, float] | None,
+    factor: int | None,
+) -> DecodedImage:
+    import simplejpeg
+
+    height, width, colorspace, orientation = _jpeg_header(buf, key)
+    _check_pixels(key, height, width, max_pixels)
+    if colorspace not in ("YCbCr", "Gray"):
+        # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
+        return _decode_pillow(buf, key)
+    if factor is None:
+        oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
+        factor = choose_dct_factor(oriented[0], oriented[1], min_size)
+    want_h, want_w = math.ceil(height / factor), math.ceil(width / factor)
+    try:
+        rgbx = simplejpeg.decode_jpeg(
+            buf, colorspace="RGBX", min_height=want_h, min_width=want_w, strict=True
+        )
+    except ValueError as exc:
+        raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
+    if rgbx.shape[:2] != (want_h, want_w):
+        # libjpeg chose another n/8 scale (tiny images): the box mapping would be wrong.
+        if factor == 1:
+            raise _fail(key, f"decoder returned {rgbx.shape[:2]}, header said {(height, width)}")
+        return _decode_jpeg(buf, key, max_pixels, None, 1)
+    if orientation != 1:
+        rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))
+    return DecodedImage(array=rgbx[:, :, :3], scale=1.0 / factor, rgbx=rgbx)
+
+
+def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply an EXIF orientation (1-8) to an HWC array as a view (Pillow's exif_transpose)."""
+    if orientation == 2:
+        return image[:, ::-1]
+    if orientation == 3:
+        return image[::-1, ::-1]
+    if orientation == 4:
+        return image[::-1]
+    if orientation == 5:
+        return image.transpose(1, 0, 2)
+    if orientation == 6:
+        return np.rot90(image, k=-1)
+    if orientation == 7:
+        return np.rot90(image, k=1)[::-1]
+    if orientation == 8:
+        return np.rot90(image, k=1)
+    return image
+
+
+def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: int) -> DecodedImage:
+    import cv2
+
+    size = header_size(buf, fmt)
+    if size is None:
+        return _decode_pillow(buf, key, max_pixels=max_pixels)
+    _check_pixels(key, size[0], size[1], max_pixels)
+    flags = cv2.IMREAD_COLOR  # 3 channels: grey replicated, alpha dropped, EXIF applied
+    bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
+    if bgr is None or bgr.ndim != 3 or bgr.shape[2] != 3:
+        return _decode_pillow(buf, key)  # OpenCV builds may lack a codec (e.g. GIF)
+    rgbx = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGBA)
+    return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
+
+
+def _decode_pillow(
+    buf: bytes | memoryview, key: str, *, max_pixels: int | None = None
+) -> DecodedImage:
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(buf)) as im:
+            if max_pixels is not None:  # header not parsed by us: check Pillow's lazy size
+                _check_pixels(key, im.height, im.width, max_pixels)
+            im.load()
+            rgb = ImageOps.exif_transpose(im).convert("RGBX")
+    except DecodeError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise _fail(key, f"corrupt, truncated or unsupported image ({exc})") from None
+    except Image.DecompressionBombError as exc:
+        raise _fail(key, f"too many pixels ({exc})") from None
+    rgbx = np.asarray(rgb)
+    return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)

@@ -1,0 +1,147 @@
+"""Crop box -> antialiased bilinear resize -> flip -> normalize -> CHW -> cast, into `out`.
+
+The resize is Pillow's own `Image.resize(BILINEAR, box=...)` (the reference semantics, in C,
+GIL released). Decoded JPEGs arrive as RGBX buffers, which Pillow maps without a copy. The
+flip is a negative-stride view, and normalize + CHW + cast are two fused numpy passes straight
+into the caller's slot, so the only full-size buffer is the decoded image itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpu_loader.ops._decode import DecodedImage
+from gpu_loader.ops._transforms import OUTPUT_DTYPES, CropParams, OutputDtype
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+# The numpy dtypes `out` may have for each output dtype (bfloat16: raw bit patterns).
+_OUT_DTYPES: dict[str, tuple[np.dtype, ...]] = {
+    "float32": (np.dtype(np.float32),),
+    "float16": (np.dtype(np.float16),),
+    "bfloat16": (np.dtype(np.int16), np.dtype(np.uint16)),
+    "uint8": (np.dtype(np.uint8),),
+}
+_BOX_TOLERANCE = 1e-3  # pixels of float overshoot accepted (and clamped) at the image edge
+
+
+def transform_into(
+    image: DecodedImage | np.ndarray,
+    params: CropParams,
+    out: np.ndarray,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: OutputDtype,
+) -> None:
+    """Resize ``params``' box of ``image`` to ``out.shape[1:]`` and write it normalised into ``out``.
+
+    ``params`` is in ``image``'s own pixel coordinates (scale it first for a reduced decode).
+    ``out`` is ``[3, H, W]``: float32 / float16 for those dtypes, uint8 for "uint8" (no
+    normalisation), int16 or uint16 receiving bfloat16 bit patterns for "bfloat16".
+    """
+    _check_out(out, dtype)
+    resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])))
+    rgb = resized[:, ::-1, :3] if params.flip else resized[:, :, :3]
+    chw = rgb.transpose(2, 0, 1)  # a view: the copy happens in the fused pass below
+    if dtype == "uint8":
+        np.copyto(out, chw)
+        return
+    scale, offset = _affine(tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    if dtype == "float32":
+        np.multiply(chw, scale, out=out)
+        np.add(out, offset, out=out)
+        return
+    tmp = np.multiply(chw, scale)
+    tmp += offset
+    if dtype == "float16":
+        np.copyto(out, tmp, casting="same_kind")
+    else:
+        np.copyto(out.view(np.uint16), float32_to_bfloat16_bits(tmp), casting="unsafe")
+
+
+def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint32 holding 16 bits) of float32 ``values``, round to nearest even.
+
+    Overwrites ``values`` (a scratch buffer) to avoid another allocation. Inputs here are
+    finite, so the NaN special case of a general converter is not needed.
+    """
+    bits = values.view(np.uint32)
+    lsb = bits >> 16
+    lsb &= 1
+    bits += 0x7FFF
+    bits += lsb
+    bits >>= 16
+    return bits
+
+
+@functools.lru_cache(maxsize=64)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (scale, offset) with ``y = x * scale + offset == (x/255 - mean) / std``."""
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ValueError(f"`mean` and `std` must be 3 numbers with std > 0, got {mean}, {std}")
+    m = np.asarray(mean, np.float64)
+    s = np.asarray(std, np.float64)
+    scale = (1.0 / (255.0 * s)).astype(np.float32).reshape(3, 1, 1)
+    offset = (-m / s).astype(np.float32).reshape(3, 1, 1)
+    scale.flags.writeable = False
+    offset.flags.writeable = False
+    return scale, offset
+
+
+def _check_out(out: np.ndarray, dtype: str) -> None:
+    if dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"`dtype` must be one of {OUTPUT_DTYPES}, got {dtype!r}")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(
+            f"`out` must be a numpy array (e.g. tensor.numpy()), got {type(out).__name__}"
+        )
+    if out.ndim != 3 or out.shape[0] != 3 or min(out.shape) < 1:
+        raise ValueError(f"`out` must have shape [3, H, W] with H, W >= 1, got {out.shape}")
+    allowed = _OUT_DTYPES[dtype]
+    if out.dtype not in allowed:
+        names = " or ".join(str(d) for d in allowed)
+        raise ValueError(f"dtype={dtype!r} needs `out` of dtype {names}, got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("`out` is read-only; pass a writable array")
+
+
+def clamp_box(params: CropParams, height: int, width: int) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) of ``params`` inside a ``height`` x ``width`` image.
+
+    Float round-off at the edge is clamped; a box really outside the image is an error.
+    """
+    right, bottom = params.right, params.bottom
+    if right > width + _BOX_TOLERANCE or bottom > height + _BOX_TOLERANCE:
+        raise ValueError(
+            f"crop box (top={params.top}, left={params.left}, height={params.height}, "
+            f"width={params.width}) exceeds the {height}x{width} image; for a reduced-size "
+            "decode pass `params.scaled(image.scale)`"
+        )
+    return params.left, params.top, min(right, float(width)), min(bottom, float(height))
+
+
+def resize_box(
+    image: DecodedImage | np.ndarray, params: CropParams, size: tuple[int, int]
+) -> np.ndarray:
+    """The box of ``params`` resized to ``size`` = (H, W), unflipped: HWC uint8, 3 or 4 channels."""
+    from PIL import Image
+
+    if isinstance(image, DecodedImage) and image.rgbx is not None:
+        rgbx = image.rgbx
+        height, width = rgbx.shape[:2]
+        # RGBX is Pillow's in-memory layout, so this maps the buffer instead of copying it.
+        pil = Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1)
+    else:
+        array = image.array if isinstance(image, DecodedImage) else image
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+            raise ValueError(f"`image` must be HWC uint8 RGB, got {array.dtype} {array.shape}")
+        height, width = array.shape[:2]
+        pil = Image.fromarray(np.ascontiguousarray(array))
+    box = clamp_box(params, height, width)
+    resized = pil.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=box)
+    return np.asarray(resized)

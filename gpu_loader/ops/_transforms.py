@@ -1,0 +1,231 @@
+"""Transform specs: every geometric transform is a crop box in source pixels + an output size.
+
+The exact formulas are in /work/shared/transform-semantics.md (torchvision's RandomResizedCrop
+sampling and fallback, Resize(int) truncation, CenterCrop rounding). `make_params` draws from
+the caller's generator, so the CPU path and the CUDA kernels compute the same function of the
+same parameters whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+OutputDtype = Literal["float32", "float16", "bfloat16", "uint8"]
+OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "uint8")
+
+# ImageNet statistics on the [0, 1] scale, RGB order (torchvision's defaults).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+_MAX_TRIES = 10  # torchvision RandomResizedCrop.get_params
+
+
+@dataclass(frozen=True)
+class CropParams:
+    """A crop box in source pixels (may be fractional) and a horizontal flip."""
+
+    top: float
+    left: float
+    height: float
+    width: float
+    flip: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.height > 0 and self.width > 0):
+            raise ValueError(
+                f"crop box must have a positive size, got height={self.height}, width={self.width}"
+            )
+        if not (self.top >= 0 and self.left >= 0):
+            raise ValueError(
+                f"crop box must start inside the image, got top={self.top}, left={self.left}"
+            )
+
+    @property
+    def bottom(self) -> float:
+        return self.top + self.height
+
+    @property
+    def right(self) -> float:
+        return self.left + self.width
+
+    def scaled(self, factor: float) -> CropParams:
+        """The same box in an image resized by ``factor`` (e.g. 1/2 for a DCT-downscaled decode)."""
+        if not factor > 0:
+            raise ValueError(f"`factor` must be > 0, got {factor}")
+        return CropParams(
+            top=self.top * factor,
+            left=self.left * factor,
+            height=self.height * factor,
+            width=self.width * factor,
+            flip=self.flip,
+        )
+
+
+def _size_pair(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        pair = (int(size), int(size))
+    elif (
+        isinstance(size, Sequence)
+        and len(size) == 2
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in size)
+    ):
+        pair = (int(size[0]), int(size[1]))
+    else:
+        raise ValueError(f"`{name}` must be an int or a pair of ints (height, width), got {size!r}")
+    if min(pair) < 1:
+        raise ValueError(f"`{name}` must be >= 1, got {size!r}")
+    return pair
+
+
+def _channel_triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
+    try:
+        triple = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"`{name}` must be 3 numbers (R, G, B), got {values!r}") from None
+    if len(triple) != 3 or not all(math.isfinite(v) for v in triple):
+        raise ValueError(f"`{name}` must be 3 finite numbers (R, G, B), got {values!r}")
+    return (triple[0], triple[1], triple[2])
+
+
+def _validate_norm(obj: object, mean: Sequence[float], std: Sequence[float]) -> None:
+    object.__setattr__(obj, "mean", _channel_triple(mean, "mean"))
+    std_t = _channel_triple(std, "std")
+    if min(std_t) <= 0:
+        raise ValueError(f"`std` must be > 0 per channel, got {std!r}")
+    object.__setattr__(obj, "std", std_t)
+
+
+@dataclass(frozen=True)
+class TrainTransform:
+    """RandomResizedCrop + RandomHorizontalFlip + Normalize (torchvision semantics)."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_prob: float = 0.5
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _size_pair(self.size))
+        s0, s1 = (float(v) for v in self.scale)
+        if not 0 < s0 <= s1:
+            raise ValueError(f"`scale` must be (lo, hi) with 0 < lo <= hi, got {self.scale!r}")
+        r0, r1 = (float(v) for v in self.ratio)
+        if not 0 < r0 <= r1:
+            raise ValueError(f"`ratio` must be (lo, hi) with 0 < lo <= hi, got {self.ratio!r}")
+        if not 0.0 <= self.flip_prob <= 1.0:
+            raise ValueError(f"`flip_prob` must be in [0, 1], got {self.flip_prob}")
+        object.__setattr__(self, "scale", (s0, s1))
+        object.__setattr__(self, "ratio", (r0, r1))
+        _validate_norm(self, self.mean, self.std)
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of the output."""
+        return _size_pair(self.size)
+
+    def make_params(self, height: int, width: int, rng: np.random.Generator) -> CropParams:
+        """Draw a crop box and a flip for an image of ``height`` x ``width`` pixels."""
+        _check_image_size(height, width)
+        area = height * width
+        s0, s1 = self.scale
+        log_r0, log_r1 = math.log(self.ratio[0]), math.log(self.ratio[1])
+        box: tuple[int, int, int, int] | None = None
+        for _ in range(_MAX_TRIES):
+            target = area * float(rng.uniform(s0, s1))
+            aspect = math.exp(float(rng.uniform(log_r0, log_r1)))
+            w = round(math.sqrt(target * aspect))  # Python round: half to even, as torchvision
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                box = (top, left, h, w)
+                break
+        if box is None:
+            box = _fallback_box(height, width, self.ratio)
+        flip = bool(rng.random() < self.flip_prob)
+        return CropParams(top=box[0], left=box[1], height=box[2], width=box[3], flip=flip)
+
+
+def _fallback_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """torchvision's centre crop after 10 failed tries, clamped to the ratio range."""
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        h, w = height, round(height * ratio[1])
+    else:
+        w, h = width, height
+    # round() can give 0 for extreme shapes (e.g. 1 x 1000); a box must keep one pixel.
+    h, w = max(1, min(h, height)), max(1, min(w, width))
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@dataclass(frozen=True)
+class EvalTransform:
+    """Resize(shorter side to ``resize``) + CenterCrop(``size``) + Normalize, as one crop box."""
+
+    size: int | tuple[int, int]
+    resize: int | None = None
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        oh, ow = _size_pair(self.size)
+        object.__setattr__(self, "size", (oh, ow))
+        resize = self.resize
+        if resize is None:
+            resize = round(max(oh, ow) * 256 / 224)
+        if isinstance(resize, bool) or not isinstance(resize, (int, np.integer)):
+            raise ValueError(f"`resize` must be an int or None, got {self.resize!r}")
+        if resize < max(oh, ow):
+            # The centre crop would need padding; torchvision pads with zeros, which is
+            # almost never wanted for training data.
+            raise ValueError(
+                f"`resize` ({resize}) must be >= the largest side of `size` {(oh, ow)} so the "
+                f"centre crop fits; pass resize >= {max(oh, ow)} or leave it None"
+            )
+        object.__setattr__(self, "resize", int(resize))
+        _validate_norm(self, self.mean, self.std)
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of the output."""
+        return _size_pair(self.size)
+
+    def make_params(self, height: int, width: int, rng: np.random.Generator) -> CropParams:
+        """The centre-crop box in source pixels (``rng`` is unused: the transform is fixed)."""
+        del rng
+        _check_image_size(height, width)
+        new_h, new_w = resized_shorter_side(height, width, self._resize)
+        oh, ow = self.output_size
+        top = round((new_h - oh) / 2.0)
+        left = round((new_w - ow) / 2.0)
+        sy, sx = height / new_h, width / new_w
+        return CropParams(top=top * sy, left=left * sx, height=oh * sy, width=ow * sx, flip=False)
+
+    @property
+    def _resize(self) -> int:
+        # __post_init__ always stores an int; this keeps mypy happy without a cast.
+        return int(self.resize) if self.resize is not None else 0
+
+
+def resized_shorter_side(height: int, width: int, size: int) -> tuple[int, int]:
+    """torchvision ``Resize(size)`` output (height, width): shorter side ``size``, long truncated."""
+    if width <= height:
+        return int(size * height / width), size
+    return size, int(size * width / height)
+
+
+def _check_image_size(height: int, width: int) -> None:
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be >= 1 x 1, got {height} x {width}")
+
+
+Transform = TrainTransform | EvalTransform
