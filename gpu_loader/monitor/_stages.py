@@ -1,8 +1,8 @@
 """Reading the engine's per-stage records without importing the engine.
 
-The monitor only needs a few named numbers from each stage record, so it reads them
-by attribute (first name present wins) instead of importing ``gpu_loader.pipeline``:
-records from the engine, from a test, or from another loader all work.
+The monitor only needs a few named numbers from each stage record, so it reads them by
+attribute instead of importing ``gpu_loader.pipeline``: the engine's ``StageStats``, a
+test's record, or another loader's all work; a missing number is simply not shown.
 """
 
 from __future__ import annotations
@@ -13,30 +13,31 @@ import re
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-# Canonical field -> attribute names tried in order, and the unit for flat dicts.
-# Task times are reported in milliseconds (more readable in a dashboard); totals in s.
-_FIELDS: dict[str, tuple[tuple[str, ...], float, str]] = {
-    "concurrency": (("concurrency",), 1.0, "concurrency"),
-    "tasks_done": (("tasks_done", "tasks", "items_done"), 1.0, "tasks_done"),
-    "failures": (("failures", "num_failures", "failed"), 1.0, "failures"),
-    "mean_s": (("task_mean_s", "mean_s", "mean_task_s"), 1000.0, "mean_ms"),
-    "p50_s": (("task_p50_s", "p50_s"), 1000.0, "p50_ms"),
-    "p90_s": (("task_p90_s", "p90_s"), 1000.0, "p90_ms"),
-    "p99_s": (("task_p99_s", "p99_s"), 1000.0, "p99_ms"),
-    "busy_fraction": (("busy_fraction",), 1.0, "busy_fraction"),
-    "queue_occupancy": (
-        ("queue_occupancy", "mean_queue_occupancy", "input_queue_occupancy"),
-        1.0,
-        "queue_occupancy",
-    ),
-    "blocked_in_s": (("blocked_in_s", "blocked_on_input_s"), 1.0, "blocked_in_s"),
-    "blocked_out_s": (("blocked_out_s", "blocked_on_output_s"), 1.0, "blocked_out_s"),
+# Canonical field -> (attribute of gpu_loader.pipeline.StageStats, scale, flat-dict key).
+# Task times go to the flat dict in ms (readable in a dashboard); worker-seconds stay in s.
+_FIELDS: dict[str, tuple[str, float, str]] = {
+    "concurrency": ("concurrency", 1.0, "concurrency"),
+    "tasks_done": ("tasks_done", 1.0, "tasks_done"),
+    "failures": ("failures", 1.0, "failures"),
+    "mean_s": ("task_time_mean_s", 1000.0, "mean_ms"),
+    "p50_s": ("task_time_p50_s", 1000.0, "p50_ms"),
+    "p90_s": ("task_time_p90_s", 1000.0, "p90_ms"),
+    "p99_s": ("task_time_p99_s", 1000.0, "p99_ms"),
+    "busy_fraction": ("busy_fraction", 1.0, "busy_fraction"),
+    "queue_mean": ("input_queue_mean", 1.0, "queue_mean"),
+    "blocked_in_s": ("blocked_input_s", 1.0, "blocked_in_s"),
+    "blocked_out_s": ("blocked_output_s", 1.0, "blocked_out_s"),
 }
 _COUNTS = frozenset({"concurrency", "tasks_done", "failures"})
 
 
 class StageStatsLike(Protocol):
-    """What the monitor reads from a stage record (other fields are optional)."""
+    """What the monitor reads from a stage record: ``name`` and, when present, the
+    numbers of ``gpu_loader.pipeline.StageStats`` (``concurrency``, ``tasks_done``,
+    ``failures``, ``task_time_{mean,p50,p90,p99}_s``, ``busy_fraction``,
+    ``input_queue_mean``, ``blocked_input_s``, ``blocked_output_s``). A missing number
+    shows as "-" in the summary and is left out of the flat dict.
+    """
 
     @property
     def name(self) -> str:
@@ -44,7 +45,10 @@ class StageStatsLike(Protocol):
 
 
 class EngineStatsLike(Protocol):
-    """What the monitor reads from the engine's whole-pipeline record."""
+    """What the monitor reads from the engine's whole-pipeline record
+    (``gpu_loader.pipeline.PipelineStats``); ``bottleneck`` and ``bottleneck_reason``
+    are used when present.
+    """
 
     @property
     def stages(self) -> Iterable[Any]:
@@ -53,13 +57,9 @@ class EngineStatsLike(Protocol):
 
 def stage_value(stage: Any, field: str) -> float | None:
     """The canonical ``field`` of ``stage`` (see ``_FIELDS``) or None if it has none."""
-    names, _, _ = _FIELDS[field]
-    for name in names:
-        value = getattr(stage, name, None)
-        if isinstance(value, bool):
-            return float(value)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
+    value = getattr(stage, _FIELDS[field][0], None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
     return None
 
 
@@ -83,7 +83,7 @@ def flatten_stage(stage: Any) -> dict[str, float | int]:
             continue
         out[prefix + key] = int(value) if field in _COUNTS else value * scale
     if dataclasses.is_dataclass(stage):  # other numeric fields the engine adds
-        known = {n for names, _, _ in _FIELDS.values() for n in names}
+        known = {attr for attr, _, _ in _FIELDS.values()}
         for f in dataclasses.fields(stage):
             value = getattr(stage, f.name)
             if f.name in known or isinstance(value, bool):

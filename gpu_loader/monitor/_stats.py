@@ -12,6 +12,7 @@ from ._stages import flatten_stage, stage_name, stage_value
 # Below this stall fraction the loader keeps up: the training step sets the pace.
 STALL_THRESHOLD = 0.05
 TRAINING_STEP = "training step"
+ENGINE_CONSUMER = "consumer"  # what gpu_loader.pipeline calls a slow consumer
 
 
 def diagnose(
@@ -26,15 +27,17 @@ def diagnose(
 
     - no batch yet: (None, why);
     - stall below ``threshold``: the training step (the loader is not the problem);
-    - otherwise the engine's own bottleneck if it named one, else the stage whose
-      workers are busiest (highest ``busy_fraction``).
+    - otherwise the engine's own bottleneck if it named a stage, else the stage whose
+      workers are busiest (highest ``busy_fraction``). The engine's "consumer" is
+      overruled here: the loop measurably waits, so a stage is behind after all (the
+      engine judges from sink fill averaged over the whole run).
     """
     if batches == 0:
         return None, "no batch delivered yet"
     waits = f"the training loop waits for data {stall_fraction:.1%} of the time"
     if stall_fraction < threshold:
         return TRAINING_STEP, f"{waits}: the loader keeps up, the training step sets the pace"
-    if engine_bottleneck:
+    if engine_bottleneck and engine_bottleneck != ENGINE_CONSUMER:
         return engine_bottleneck, f"{waits}; {engine_reason or 'named by the engine'}"
     busy = [(stage_value(s, "busy_fraction"), s) for s in stages]
     ranked = [(b, s) for b, s in busy if b is not None]

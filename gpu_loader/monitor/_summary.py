@@ -19,9 +19,9 @@ _STAGE_COLUMNS: tuple[tuple[str, str, float, str], ...] = (
     ("p90 ms", "p90_s", 1000.0, "{:.2f}"),
     ("p99 ms", "p99_s", 1000.0, "{:.2f}"),
     ("busy", "busy_fraction", 100.0, "{:.0f}%"),
-    ("queue", "queue_occupancy", 1.0, "{:.2f}"),
-    ("in-wait s", "blocked_in_s", 1.0, "{:.2f}"),
-    ("out-wait s", "blocked_out_s", 1.0, "{:.2f}"),
+    ("in-queue", "queue_mean", 1.0, "{:.1f}"),
+    ("wait-in s", "blocked_in_s", 1.0, "{:.2f}"),
+    ("wait-out s", "blocked_out_s", 1.0, "{:.2f}"),
 )
 
 
@@ -38,14 +38,16 @@ def _gpu_line(stats: LoaderStats) -> str:
     if stats.gpu_util_percent is None or stats.gpu_idle_percent is None:
         return "GPU          : no readings yet"
     parts = [
-        f"GPU          : util {stats.gpu_util_percent:.1f}%, idle {stats.gpu_idle_percent:.1f}%"
+        f"GPU          : util {stats.gpu_util_percent:.1f}%, idle {stats.gpu_idle_percent:.1f}% "
+        f"(SM activity, mean over the last {gpu.window_s:g} s)"
     ]
     for d in gpu.devices:
         memory = ""
         if d.memory_used_bytes is not None and d.memory_total_bytes is not None:
             memory = f", memory {_mib(d.memory_used_bytes)} / {_mib(d.memory_total_bytes)}"
         util = "n/a" if d.sm_util_percent is None else f"{d.sm_util_percent:.1f}%"
-        parts.append(f"  GPU {d.index} {d.name}: SM {util}{memory}")
+        label = d.name if d.name == f"GPU {d.index}" else f"GPU {d.index} {d.name}"
+        parts.append(f"  {label}: SM {util}{memory}")
     if gpu.errors:
         parts.append(f"  NVML read errors: {gpu.errors} (last: {gpu.last_error})")
     return "\n".join(parts)

@@ -1,0 +1,107 @@
+"""Monitor end to end: a real engine pipeline, a fake NVML, no leaked threads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_loader.monitor import Monitor, MonitorConfig, format_summary
+from gpu_loader.pipeline import PipelineBuilder
+
+from ._fakes import FakeGpu, FakeNvml, FakeNVMLError, FakeProc, ScriptedClock, monitor_threads
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    before = set(monitor_threads())
+    yield
+    assert set(monitor_threads()) - before == set()
+
+
+FAST = MonitorConfig(interval_s=0.002, window_s=5.0)
+
+
+def slow_decode(x: int) -> int:
+    time.sleep(0.002)
+    return x
+
+
+def test_monitor_over_a_real_pipeline() -> None:
+    nvml = FakeNvml(gpus=[FakeGpu(sm=40)])
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(64))
+        .pipe(slow_decode, concurrency=1, name="decode")
+        .aggregate(8)
+        .add_sink(2)
+        .build()
+    )
+    with Monitor(FAST, nvml=nvml) as monitor, pipeline:
+        batches = list(monitor.track(pipeline, size=len))
+        stats = monitor.stats(pipeline.stats())
+    assert len(batches) == 8
+    assert (stats.samples, stats.batches) == (64, 8)
+    assert stats.startup_s is not None and stats.startup_s > 0
+    assert stats.samples_per_s > 0 and stats.elapsed_s >= stats.startup_s
+    # The loop does nothing but wait: the loader (its one slow stage) is the bottleneck.
+    assert stats.stall_fraction > 0.5
+    assert stats.bottleneck == "decode"
+    assert stats.gpu is not None and stats.gpu.available
+    assert stats.gpu_util_percent == 40.0 and stats.gpu_idle_percent == 60.0
+    assert stats.rss_bytes is not None and stats.rss_bytes > 0
+    assert [s.name for s in stats.stages][:2] == ["source", "decode"]
+    assert stats.as_dict()["stage.decode.tasks_done"] == 64
+    assert "decode" in format_summary(stats)
+
+
+def test_monitor_without_nvml_reports_the_rest() -> None:
+    clock = ScriptedClock()
+    nvml = FakeNvml(init_error=FakeNVMLError(9))
+    with Monitor(FAST, clock=clock, nvml=nvml, proc=FakeProc()) as monitor:
+        for _ in range(5):
+            with monitor.waiting():
+                clock.advance(0.1)
+            monitor.record_batch(32)
+            clock.advance(1.9)  # a slow training step: 4% stall, below the 5% threshold
+        stats = monitor.stats(failures=1)
+    assert stats.gpu is not None and not stats.gpu.available
+    assert stats.gpu_util_percent is None and stats.gpu_idle_percent is None
+    assert stats.startup_s == pytest.approx(0.1)
+    assert stats.stall_fraction == pytest.approx(0.4 / 9.9)
+    assert stats.samples_per_s == pytest.approx(128 / 9.9)
+    assert stats.bottleneck == "training step"
+    assert stats.failures == 1 and stats.elapsed_s == pytest.approx(10.0)
+    assert "no GPU" in format_summary(stats)
+
+
+def test_gpu_off_never_touches_nvml() -> None:
+    nvml = FakeNvml()
+    with Monitor(MonitorConfig(interval_s=0.002, gpu="off"), nvml=nvml) as monitor:
+        stats = monitor.stats()
+    assert nvml.inits == 0 and stats.gpu is None and monitor.gpu is None
+    assert stats.bottleneck is None and stats.samples == 0
+
+
+def test_track_ends_the_wait_when_the_source_raises() -> None:
+    def broken() -> Iterator[list[int]]:
+        yield [1, 2]
+        raise OSError("disk gone")
+
+    monitor = Monitor(MonitorConfig(gpu="off", interval_s=0.002))
+    with monitor, pytest.raises(OSError, match="disk gone"):
+        for _ in monitor.track(broken(), size=len):
+            pass
+    assert monitor.stall.snapshot().waits == 2
+    monitor.close()  # idempotent
+
+
+def test_config_validates() -> None:
+    with pytest.raises(ValueError, match="gpu"):
+        MonitorConfig(gpu="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window_s"):
+        MonitorConfig(window_s=0)
+    with pytest.raises(ValueError, match="stall_threshold"):
+        MonitorConfig(stall_threshold=1.5)
+    assert MonitorConfig(gpu_devices=[1, 0]).gpu_devices == (1, 0)  # type: ignore[arg-type]

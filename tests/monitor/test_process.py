@@ -1,0 +1,82 @@
+"""ProcessSampler with a fake process and a scripted clock, and once for real."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_loader.monitor import ProcessSampler
+
+from ._fakes import FakeProc, ScriptedClock, monitor_threads, wait_until
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    before = set(monitor_threads())
+    yield
+    assert set(monitor_threads()) - before == set()
+
+
+def test_cpu_percent_from_cpu_time_deltas() -> None:
+    clock, proc = ScriptedClock(), FakeProc()
+    sampler = ProcessSampler(1.0, window_s=10.0, clock=clock, proc=proc, cpu_count=4)
+    assert sampler.snapshot().cpu_percent is None  # no reading yet
+    sampler.sample_once()
+    assert sampler.snapshot().cpu_percent is None  # one reading: no interval
+    for _ in range(4):  # 1.5 cores busy: 1.0 s user + 0.5 s system per second
+        clock.advance(1.0)
+        proc.user += 1.0
+        proc.system += 0.5
+        sampler.sample_once()
+    snap = sampler.snapshot()
+    assert snap.cpu_percent == pytest.approx(150.0)
+    assert snap.cpu_percent_normalised == pytest.approx(37.5)
+    assert snap.cpu_seconds == pytest.approx(6.0) and snap.cpu_count == 4
+    assert (snap.rss_bytes, snap.pss_bytes, snap.threads) == (100 << 20, 80 << 20, 7)
+
+
+def test_cpu_percent_covers_the_recent_window_only() -> None:
+    clock, proc = ScriptedClock(), FakeProc()
+    sampler = ProcessSampler(1.0, window_s=3.0, clock=clock, proc=proc, cpu_count=2)
+    sampler.sample_once()
+    for busy in (1.0, 1.0, 1.0, 0.0, 0.0, 0.0):  # busy, then idle
+        clock.advance(1.0)
+        proc.user += busy
+        sampler.sample_once()
+    assert sampler.snapshot().cpu_percent == pytest.approx(0.0)
+    assert sampler.snapshot().cpu_seconds == pytest.approx(3.0)
+
+
+def test_peaks_and_missing_pss() -> None:
+    clock, proc = ScriptedClock(), FakeProc(pss=None)
+    sampler = ProcessSampler(1.0, clock=clock, proc=proc)
+    sampler.sample_once()
+    proc.rss = 500 << 20
+    sampler.sample_once()
+    proc.rss = 200 << 20
+    sampler.sample_once()
+    snap = sampler.snapshot()
+    assert snap.pss_bytes is None and snap.peak_pss_bytes is None
+    assert snap.rss_bytes == 200 << 20 and snap.peak_rss_bytes == 500 << 20
+
+
+def test_unreadable_process_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
+    sampler = ProcessSampler(1.0, proc=FakeProc(fail=True))
+    assert sampler.sample_once() is False
+    assert sampler.sample_once() is False
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert sampler.snapshot().rss_bytes is None
+
+
+def test_real_process_thread_reads_this_process() -> None:
+    with ProcessSampler(0.005) as sampler:
+        assert wait_until(lambda: sampler.snapshot().cpu_percent is not None)
+        sum(i * i for i in range(200_000))  # burn a little CPU
+        snap = sampler.snapshot()
+    assert not sampler.running
+    assert snap.rss_bytes is not None and snap.rss_bytes > 10 << 20
+    assert snap.cpu_percent is not None and snap.cpu_percent >= 0.0
+    assert snap.threads is not None and snap.threads >= 2  # the main thread and the sampler

@@ -1,0 +1,115 @@
+"""ProgressReporter throttling and output, JsonlLogger lines."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpu_loader.monitor import JsonlLogger, LoaderStats, ProgressReporter
+
+from ._fakes import ScriptedClock, monitor_threads, wait_until
+from .test_stats import make_stats
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    before = set(monitor_threads())
+    yield
+    assert set(monitor_threads()) - before == set()
+
+
+def test_progress_refreshes_at_most_every_interval() -> None:
+    clock, out = ScriptedClock(), io.StringIO()
+    calls: list[int] = []
+
+    def get_stats() -> LoaderStats:
+        calls.append(1)
+        return make_stats(samples=320 * len(calls))
+
+    reporter = ProgressReporter(total=1000, min_interval_s=0.5, file=out, clock=clock)
+    assert out.getvalue() == ""  # nothing printed before the first refresh
+    assert reporter.step(get_stats) is True
+    for _ in range(10):  # 10 batches within 0.1 s: no refresh, no stats() call
+        clock.advance(0.01)
+        assert reporter.step(get_stats) is False
+    assert len(calls) == 1
+    clock.advance(0.5)
+    assert reporter.step(get_stats) is True
+    reporter.close(make_stats(samples=1000))
+    reporter.close()  # idempotent
+    assert reporter.step(get_stats) is False  # closed
+    assert len(calls) == 2
+    text = out.getvalue()
+    assert "img/s=601" in text and "stall=12.5%" in text and "gpu=80%" in text
+    assert "bottleneck=decode" in text
+    assert "1000/1000" in text
+
+
+def test_progress_without_total_shows_the_count() -> None:
+    out = io.StringIO()
+    with ProgressReporter(file=out, desc="demo") as reporter:
+        reporter.update(make_stats(samples=64))
+    assert "demo: 64 img" in out.getvalue()
+
+
+def test_progress_validates() -> None:
+    with pytest.raises(ValueError, match="total"):
+        ProgressReporter(total=-1)
+    with pytest.raises(ValueError, match="min_interval_s"):
+        ProgressReporter(min_interval_s=0)
+
+
+def test_jsonl_logger_writes_periodic_lines_that_parse(tmp_path: Path) -> None:
+    path = tmp_path / "stats.jsonl"
+    count = [0]
+
+    def source() -> LoaderStats:
+        count[0] += 1
+        return make_stats(samples=count[0])
+
+    logger = JsonlLogger(path, interval_s=0.001, source=source)
+    assert not path.exists()  # nothing opened before the first line
+    with logger:
+        assert wait_until(lambda: logger.lines >= 3)
+    written = logger.lines
+    lines = path.read_text().splitlines()
+    assert len(lines) == written >= 4  # periodic lines plus the final one at close
+    records = [json.loads(line) for line in lines]
+    assert [r["samples"] for r in records] == sorted(r["samples"] for r in records)
+    for record in records:
+        assert record["stage.decode.p90_ms"] == pytest.approx(12.5)
+        assert isinstance(record["time_unix"], float)
+    with pytest.raises(RuntimeError, match="closed"):
+        logger.write(make_stats())
+
+
+def test_jsonl_manual_writes_append(tmp_path: Path) -> None:
+    path = tmp_path / "stats.jsonl"
+    path.write_text('{"earlier": 1}\n')
+    logger = JsonlLogger(path, interval_s=60.0)
+    logger.write(make_stats())
+    logger.write(replace(make_stats(), samples=7))
+    logger.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {"earlier": 1} and lines[2]["samples"] == 7 and len(lines) == 3
+
+
+def test_jsonl_failing_source_stops_logging_not_training(tmp_path: Path) -> None:
+    def broken() -> LoaderStats:
+        raise RuntimeError("stats exploded")
+
+    logger = JsonlLogger(tmp_path / "s.jsonl", interval_s=0.001, source=broken)
+    logger.start()
+    assert wait_until(lambda: not logger.running)
+    logger.close()
+    assert logger.lines == 0
+
+
+def test_jsonl_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        JsonlLogger(tmp_path / "nope" / "s.jsonl")
