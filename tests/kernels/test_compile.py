@@ -1,0 +1,98 @@
+"""Every kernels/*.cu compiles: nvcc for sm_80 and sm_90, NVRTC with the loader's exact
+options, and the host C++ compiler through the emulation header."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpu_loader._resources import kernel_dir, read_kernel
+from gpu_loader.cuda._emulation import CXX_FLAGS, EMULATION_HEADER, compiler, load_library
+from gpu_loader.cuda._kernels import KERNEL_SOURCES, NVRTC_OPTIONS, nvrtc_options
+from gpu_loader.cuda._launch import KERNEL_NAMES
+
+KERNEL_DIR = Path(str(kernel_dir()))
+ARCHES = ("80", "90")
+
+
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.is_file() else None
+
+
+def test_every_source_is_listed() -> None:
+    on_disk = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
+    assert on_disk == sorted(KERNEL_SOURCES)
+
+
+@pytest.mark.parametrize("source", KERNEL_SOURCES)
+def test_nvcc_compiles_for_sm80_and_sm90(source: str, tmp_path: Path) -> None:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed (looked on PATH and in /usr/local/cuda/bin)")
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHES]
+    cmd = [
+        nvcc, "--fatbin", *gencode, *NVRTC_OPTIONS, "--Werror", "all-warnings",
+        # Spills to local memory would mean the kernel is not what docs/kernels.md describes.
+        "-Xptxas", "-warn-spills,-warn-lmem-usage,-Werror",
+        str(KERNEL_DIR / source), "-o", str(tmp_path / "k.fatbin"),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+    assert (tmp_path / "k.fatbin").stat().st_size > 0
+
+
+def _nvrtc():  # type: ignore[no-untyped-def]
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except (ImportError, OSError, RuntimeError) as exc:
+        pytest.skip(f"NVRTC is not loadable (pip install 'gpu-loader[cuda12]'): {exc}")
+    return nvrtc
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("source", KERNEL_SOURCES)
+def test_nvrtc_compiles_with_the_loader_options(source: str, arch: str) -> None:
+    nvrtc = _nvrtc()
+    options = nvrtc_options()
+    assert options[: len(NVRTC_OPTIONS)] == NVRTC_OPTIONS
+    # CuPy's RawModule adds only the architecture to the options the loader passes.
+    program = nvrtc.createProgram(read_kernel(source), source, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, [*options, f"-arch=compute_{arch}"])
+        except nvrtc.NVRTCError as exc:
+            pytest.fail(f"NVRTC failed on {source}: {exc}\n{nvrtc.getProgramLog(program)}")
+        ptx = nvrtc.getPTX(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    text = ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+    entries = set(re.findall(r"\.entry\s+(\w+)", text))
+    assert set(KERNEL_NAMES.values()) <= entries
+
+
+@pytest.mark.parametrize("source", KERNEL_SOURCES)
+def test_host_compiler_builds_the_emulation_without_warnings(source: str, tmp_path: Path) -> None:
+    (tmp_path / source).write_text(read_kernel(source))
+    (tmp_path / EMULATION_HEADER).write_text(read_kernel(EMULATION_HEADER))
+    cmd = [
+        compiler(), *CXX_FLAGS, "-Wall", "-Wextra", "-Werror", f"-I{tmp_path}",
+        str(tmp_path / source), "-o", str(tmp_path / "k.so"),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def test_emulation_library_exports_every_kernel() -> None:
+    library = load_library()
+    for name in KERNEL_NAMES.values():
+        assert hasattr(library, f"emulated_{name}")

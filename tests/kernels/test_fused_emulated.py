@@ -1,0 +1,164 @@
+"""The fused kernel, compiled for the CPU through kernels/cuda_emulation.h, against the references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpu_loader.cuda._emulation import convert, launch_fused_emulated, sample_layout
+from gpu_loader.cuda._launch import OUTPUT_DTYPES, SAMPLE_DTYPE, OutputDtype
+from tests.kernels.checker import (
+    Case,
+    as_float64,
+    bfloat16_bits,
+    check_fused_kernel,
+    random_case,
+    run_host,
+)
+
+RUN = run_host(launch_fused_emulated)
+
+
+@pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches_match_the_reference(dtype: OutputDtype, seed: int) -> None:
+    rng = np.random.default_rng([seed, OUTPUT_DTYPES.index(dtype)])
+    case = random_case(rng, dtype, n=int(rng.integers(2, 6)), label=f"seed {seed}")
+    check_fused_kernel(RUN, case)
+
+
+@pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
+def test_empty_batch(dtype: OutputDtype) -> None:
+    case = random_case(np.random.default_rng(0), dtype, n=0, label="empty")
+    out = check_fused_kernel(RUN, case)
+    assert out.shape == (0, 3, case.out_h, case.out_w)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "boxes", "out_hw"),
+    [
+        # one-pixel-wide and one-pixel-high sources, enlarged a lot
+        ([(7, 1), (1, 9)], [(0, 0, 7, 1), (0, 0, 1, 9)], (16, 16)),
+        # a single pixel to many: every output equals that pixel
+        ([(1, 1)], [(0, 0, 1, 1)], (5, 3)),
+        # strong shrink (antialiasing window many pixels wide), odd sizes
+        ([(97, 61)], [(3.5, 2.25, 90.0, 55.5)], (4, 5)),
+        # a fractional sub-pixel box: enlarging from less than one pixel
+        ([(6, 6)], [(2.3, 1.7, 0.6, 0.9)], (3, 4)),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_edge_geometries(
+    sizes: list[tuple[int, int]],
+    boxes: list[tuple[float, float, float, float]],
+    out_hw: tuple[int, int],
+    dtype: OutputDtype,
+) -> None:
+    rng = np.random.default_rng(7)
+    case = random_case(rng, dtype, n=len(sizes), sizes=sizes, label=str(sizes))
+    case = Case(
+        case.buffers, case.widths, np.array(boxes, dtype=np.float64),
+        np.array([True, False][: len(sizes)]), out_hw[0], out_hw[1], dtype, label=str(sizes),
+    )  # fmt: skip
+    check_fused_kernel(RUN, case)
+
+
+def test_single_pixel_source_fills_the_output() -> None:
+    rng = np.random.default_rng(3)
+    case = random_case(rng, "uint8", n=1, sizes=[(1, 1)])
+    case = Case(
+        case.buffers, case.widths, np.array([[0, 0, 1, 1.0]]), np.array([False]), 4, 6, "uint8"
+    )
+    out = RUN(case, 0)
+    pixel = case.images[0][0, 0]
+    for c in range(3):
+        assert np.all(out[0, c] == pixel[c])
+
+
+def test_flip_mirrors_the_columns() -> None:
+    rng = np.random.default_rng(11)
+    base = random_case(rng, "float32", n=1, sizes=[(13, 17)])
+    plain = Case(base.buffers, base.widths, base.boxes, np.array([False]), 9, 11, "float32")
+    flipped = Case(base.buffers, base.widths, base.boxes, np.array([True]), 9, 11, "float32")
+    np.testing.assert_array_equal(RUN(flipped, 0), RUN(plain, 0)[..., ::-1])
+
+
+def test_reduced_precision_outputs_are_the_float32_output_rounded_to_nearest_even() -> None:
+    # Same kernel arithmetic, different store: float16 and bfloat16 must be exactly the
+    # float32 result rounded once (what cuda_fp16.h / cuda_bf16.h do on the device).
+    rng = np.random.default_rng(5)
+    base = random_case(rng, "float32", n=3, max_side=30)
+
+    def run_as(dtype: OutputDtype) -> np.ndarray:
+        return RUN(
+            Case(base.buffers, base.widths, base.boxes, base.flips, base.out_h, base.out_w, dtype),
+            0,
+        )
+
+    f32 = run_as("float32")
+    np.testing.assert_array_equal(run_as("float16"), f32.astype(np.float16))
+    np.testing.assert_array_equal(run_as("bfloat16"), bfloat16_bits(f32))
+
+
+def test_conversions_match_numpy_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    specials = np.array(
+        [0.0, -0.0, 1.0, -2.5, 65504.0, 65519.99, 65520.0, 1e9, -1e9, np.inf, -np.inf,
+         2.0**-14, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-26, 3e-8, 0.5, 1.5, 2.5, -0.5],
+        dtype=np.float32,
+    )  # fmt: skip
+    bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = np.concatenate(
+        [specials, bits[np.isfinite(bits)], rng.normal(0, 3, 50_000).astype(np.float32)]
+    )
+    half, bf16, _ = convert(values)
+    with np.errstate(over="ignore"):  # overflow to infinity is part of what is compared
+        want_half = values.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(half, want_half)
+    np.testing.assert_array_equal(bf16, bfloat16_bits(values))
+    _, _, rint = convert(np.array([0.5, 1.5, 2.5, -0.5, 254.5, 255.49, 3.7], dtype=np.float32))
+    assert list(rint) == [0, 2, 2, 0, 254, 255, 4]
+
+
+def test_nan_converts_to_a_nan() -> None:
+    half, bf16, _ = convert(np.array([np.nan], dtype=np.float32))
+    assert np.isnan(half.view(np.float16)[0])
+    assert np.isnan(as_float64(bf16, "bfloat16")[0])
+
+
+def test_sample_record_layout_matches_the_compiled_struct() -> None:
+    layout = sample_layout()
+    assert layout["itemsize"] == SAMPLE_DTYPE.itemsize
+    fields = SAMPLE_DTYPE.fields or {}
+    for name, offset in layout.items():
+        if name != "itemsize":
+            assert fields[name][1] == offset, name
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_uint8_matches_pillow_within_one_level(seed: int) -> None:
+    # Pillow rounds to 8 bits between its two passes; the kernel does not: one level apart.
+    rng = np.random.default_rng(100 + seed)
+    h, w = (int(v) for v in rng.integers(20, 80, size=2))
+    image = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    image = (image // 3 + np.linspace(0, 160, w, dtype=np.uint8)[None, :, None]).astype(np.uint8)
+    for box, size in [
+        ((0.0, 0.0, h, w), (17, 23)),  # shrink the whole image
+        ((2.5, 3.25, h / 2, w / 3), (31, 29)),  # enlarge a fractional box
+        ((1.0, 1.0, h - 2.0, w - 1.5), (h - 3, w // 2)),  # mild shrink, mixed
+    ]:
+        out_h, out_w = size
+        case = Case(
+            [np.ascontiguousarray(image.reshape(h, 3 * w))], [w], np.array([box]),
+            np.array([seed == 1]), out_h, out_w, "uint8",
+        )  # fmt: skip
+        got = RUN(case, 0)[0].transpose(1, 2, 0).astype(int)
+        top, left, bh, bw = box
+        pil = Image.fromarray(image).resize(
+            (out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, left + bw, top + bh)
+        )
+        want = np.asarray(pil).astype(int)
+        if seed == 1:
+            want = want[:, ::-1]
+        assert np.abs(got - want).max() <= 1, (box, size)

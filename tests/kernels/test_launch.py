@@ -1,0 +1,133 @@
+"""The launch helper shared by the CUDA and emulated launchers: shapes, packing, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpu_loader.cuda._launch import (
+    BLOCK,
+    KERNEL_NAMES,
+    MAX_GRID_YZ,
+    SAMPLE_DTYPE,
+    launch_shape,
+    normalization,
+    pack_samples,
+    plan_fused,
+)
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+@given(
+    n=st.integers(0, MAX_GRID_YZ),
+    out_h=st.integers(1, 5000),
+    out_w=st.integers(1, 5000),
+)
+def test_grid_covers_every_output_pixel_exactly(n: int, out_h: int, out_w: int) -> None:
+    grid, block = launch_shape(n, out_h, out_w)
+    assert block == BLOCK
+    assert grid[2] == n
+    # Enough threads to cover the output, and no block lies wholly outside it.
+    assert grid[0] * block[0] >= out_w > (grid[0] - 1) * block[0]
+    assert grid[1] * block[1] >= out_h > (grid[1] - 1) * block[1]
+
+
+def test_launch_shape_of_a_typical_batch() -> None:
+    assert launch_shape(256, 224, 224) == ((7, 28, 256), (32, 8, 1))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((-1, 4, 4), "batch size"),
+        ((MAX_GRID_YZ + 1, 4, 4), "split the batch"),
+        ((1, 0, 4), "out_h"),
+        ((1, 4, 0), "out_w"),
+    ],
+)
+def test_launch_shape_rejects_bad_sizes(args: tuple[int, int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        launch_shape(*args)
+
+
+def test_normalization_reproduces_the_formula() -> None:
+    scale, shift = normalization(MEAN, STD, "float32")
+    x = np.array([0.0, 17.0, 128.0, 255.0])
+    for c in range(3):
+        np.testing.assert_allclose(
+            x * scale[c] + shift[c], (x / 255 - MEAN[c]) / STD[c], rtol=1e-12
+        )
+
+
+def test_uint8_ignores_mean_and_std() -> None:
+    assert normalization((9, 9, 9), (0, 0, 0), "uint8") == ((1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+
+
+@pytest.mark.parametrize(
+    ("mean", "std"), [((0.5, 0.5), STD), (MEAN, (0.2, 0.0, 0.2)), (MEAN, (0.2, float("nan"), 0.2))]
+)
+def test_normalization_rejects_bad_values(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match=r"mean|std"):
+        normalization(mean, std, "float16")
+
+
+def test_pack_samples_writes_every_field() -> None:
+    images = [(0x1000, 10, 20, 64), (0x2000, 3, 1, 3)]
+    boxes = [(1.5, 2.25, 4.0, 8.5), (0, 0, 3, 1)]
+    records = pack_samples(images, boxes, [True, False])
+    assert records.dtype == SAMPLE_DTYPE and records.flags.c_contiguous
+    assert records["src"].tolist() == [0x1000, 0x2000]
+    assert records["height"].tolist() == [10, 3]
+    assert records["width"].tolist() == [20, 1]
+    assert records["pitch"].tolist() == [64, 3]
+    assert records["box_top"].tolist() == [1.5, 0.0]
+    assert records["box_left"].tolist() == [2.25, 0.0]
+    assert records["box_height"].tolist() == [4.0, 3.0]
+    assert records["box_width"].tolist() == [8.5, 1.0]
+    assert records["flip"].tolist() == [1, 0]
+
+
+def test_pack_samples_empty_batch() -> None:
+    assert pack_samples([], [], []).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("image", "box", "message"),
+    [
+        ((0, 4, 4, 12), (0, 0, 4, 4), "null"),
+        ((1, 0, 4, 12), (0, 0, 1, 1), "at least 1x1"),
+        ((1, 4, 4, 11), (0, 0, 4, 4), "pitch"),
+        ((1, 4, 4, 12), (0, 0, 0, 4), "positive height"),
+        ((1, 4, 4, 12), (0, 0, 4, float("inf")), "finite"),
+        ((1, 4, 4, 12), (0.5, 0, 4, 4), "leaves the 4x4 image"),
+        ((1, 4, 4, 12), (0, -0.1, 2, 2), "leaves"),
+    ],
+)
+def test_pack_samples_rejects_bad_samples(
+    image: tuple[int, int, int, int], box: tuple[float, ...], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        pack_samples([image], [box], [False])
+
+
+def test_pack_samples_rejects_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="boxes"):
+        pack_samples([(1, 4, 4, 12)], [(0, 0, 4, 4), (0, 0, 4, 4)], [False])
+    with pytest.raises(ValueError, match="flips"):
+        pack_samples([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False, True])
+
+
+def test_plan_picks_the_kernel_per_dtype() -> None:
+    for dtype, name in KERNEL_NAMES.items():
+        plan = plan_fused([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False], 2, 3, MEAN, STD, dtype)
+        assert plan.kernel_name == name
+        assert plan.grid == (1, 1, 1) and plan.batch_size == 1
+
+
+def test_plan_rejects_an_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="float64"):
+        plan_fused([], [], [], 2, 2, MEAN, STD, "float64")  # type: ignore[arg-type]
