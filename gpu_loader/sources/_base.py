@@ -82,37 +82,40 @@ def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
 class FileIndex:
     """Shared body of indexes with one file (local path or URL) per sample.
 
-    ``sizes`` may hold -1 for "unknown"; local files are then ``stat``-ed on first
-    ``nbytes`` call and cached (one syscall, done lazily so a huge folder lists fast).
+    A sample's key is ``prefix + names[i]``: ImageFolder stores paths relative to its
+    root once (half the memory of keeping both) and fingerprints the relative names;
+    FileList has an empty prefix. ``sizes`` may hold -1 for "unknown"; local files are
+    then ``stat``-ed on the first ``nbytes`` call and cached (lazily, so listing a huge
+    folder stays one walk).
     """
 
     classes: list[str]
 
     def __init__(
         self,
-        locations: Sequence[str],
+        names: Sequence[str],
         labels: np.ndarray,
         sizes: np.ndarray | None,
-        fingerprint_names: Sequence[str] | None,
         classes: list[str],
+        prefix: str = "",
     ) -> None:
-        self._locations = list(locations)
+        self._names = list(names)
+        self._prefix = prefix
         self._labels = np.ascontiguousarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
-        n = len(self._locations)
+        n = len(self._names)
         self._sizes = np.full(n, -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
-        self._fp_names = self._locations if fingerprint_names is None else list(fingerprint_names)
         self._fingerprint: str | None = None
         self.classes = classes
 
     def __len__(self) -> int:
-        return len(self._locations)
+        return len(self._names)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} samples, {len(self.classes)} classes)"
 
     def key(self, i: int) -> str:
-        return self._locations[check_index(i, len(self))]
+        return self._prefix + self._names[check_index(i, len(self))]
 
     def label(self, i: int) -> int:
         return int(self._labels[check_index(i, len(self))])
@@ -134,7 +137,7 @@ class FileIndex:
         size = int(self._sizes[j])
         if size >= 0:
             return size
-        location = self._locations[j]
+        location = self._prefix + self._names[j]
         if _io.local_path(location) is None:
             return None  # a remote size needs a request: not cheap
         try:
@@ -146,5 +149,5 @@ class FileIndex:
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = fingerprint_of(self._fp_names, self._labels)
+            self._fingerprint = fingerprint_of(self._names, self._labels)
         return self._fingerprint

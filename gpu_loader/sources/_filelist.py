@@ -49,7 +49,7 @@ class FileList(FileIndex):
                 f"FileList labels span {min(labels)}..{max(labels)} but {len(names)} classes "
                 "were named; each label must index `classes`"
             )
-        super().__init__(locations, np.array(labels, np.int64), None, None, names)
+        super().__init__(locations, np.array(labels, np.int64), None, names)
 
     @classmethod
     def from_csv(

@@ -54,23 +54,25 @@ class ImageFolder(FileIndex):
         path = _io.local_path(root_s)
         if path is not None:
             classes, files = _scan_local(path, exts, allow_empty)
+            prefix = os.path.join(path, "")
             if root_s.startswith("file://"):
-                files = [(f"file://{p}", rel, c, s) for p, rel, c, s in files]
+                prefix = f"file://{prefix}"
         else:
             classes, files = _scan_fsspec(root_s, exts, allow_empty)
+            prefix = root_s.rstrip("/") + "/"
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         n = len(files)
         super().__init__(
             [f[0] for f in files],
+            np.fromiter((f[1] for f in files), np.int64, n),
             np.fromiter((f[2] for f in files), np.int64, n),
-            np.fromiter((f[3] for f in files), np.int64, n),
-            [f[1] for f in files],
             list(classes),
+            prefix,
         )
 
 
-# (location, path relative to root with "/" separators, label, size or -1)
-_Found = tuple[str, str, int, int]
+# (path relative to root, label, size or -1)
+_Found = tuple[str, int, int]
 
 
 def _no_classes(root: str) -> FileNotFoundError:
@@ -98,15 +100,15 @@ def _scan_local(
         raise _no_classes(root)
     files: list[_Found] = []
     empty: list[str] = []
+    skip = len(os.path.join(root, ""))  # walk paths start with root: slicing beats relpath
     for label, name in enumerate(classes):
         before = len(files)
         for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
                 if fname.lower().endswith(exts):
-                    full = os.path.join(dirpath, fname)
-                    rel = os.path.relpath(full, root).replace(os.sep, "/")
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
-                    files.append((full, rel, label, -1))
+                    files.append((rel_dir + fname, label, -1))
         if len(files) == before:
             empty.append(name)
     if empty and not allow_empty:
@@ -127,7 +129,6 @@ def _scan_fsspec(
     )
     if not classes:
         raise _no_classes(root)
-    prefix = root.rstrip("/")
     files: list[_Found] = []
     empty: list[str] = []
     for label, name in enumerate(classes):
@@ -142,8 +143,7 @@ def _scan_fsspec(
         # Same order as sorted(os.walk(...)) then sorted names: by (folder, file name).
         chosen.sort(key=lambda ps: posixpath.split(ps[0]))
         for path, size in chosen:
-            rel = path[len(inner) :].lstrip("/") if path.startswith(inner) else path
-            files.append((f"{prefix}/{rel}", rel, label, size))
+            files.append((path[len(inner) :].lstrip("/"), label, size))
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
     return classes, files
