@@ -50,12 +50,13 @@ class Channel:
     def put(self, item: Any) -> None:
         q, stop = self.q, self.stop
         while True:
+            if stop.is_set():
+                raise Stopped
             try:
                 q.put(item, timeout=POLL_S)
                 return
             except queue.Full:
-                if stop.is_set():
-                    raise Stopped from None
+                continue
 
     def occupancy(self) -> int:
         # len() of the underlying deque needs no lock: deque length reads are atomic

@@ -96,6 +96,7 @@ class FailurePolicy:
         self._limit = limit
         self._lock = threading.Lock()
         self._records: list[FailureRecord] = []
+        self._tripped = False  # the limit error is returned once, so the first one wins
 
     def record(self, record: FailureRecord, calls: int) -> PipelineFailure | None:
         """Store ``record``; return the error to raise if the limit is now passed.
@@ -121,7 +122,7 @@ class FailurePolicy:
 
     def _check(self, calls: int, *, final: bool) -> PipelineFailure | None:
         limit, failed = self._limit, len(self._records)
-        if limit is None or failed == 0:
+        if limit is None or failed == 0 or self._tripped:
             return None
         if isinstance(limit, float):
             if calls < RATE_WARMUP_CALLS and not final:
@@ -133,6 +134,7 @@ class FailurePolicy:
             if failed <= limit:
                 return None
             detail = f"{failed} calls failed"
+        self._tripped = True
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
         return PipelineFailure(
             f"stage {self._stage!r}: {_describe_limit(limit)} ({detail}); "

@@ -136,7 +136,9 @@ class Pipeline:
         """Stop and join every thread (idempotent; safe from any thread)."""
         with self._lock:
             self._state = "closed"
-        self._finalizer()
+        # Not just `self._finalizer()`: a second caller must also wait for the join.
+        self._finalizer.detach()
+        self._core.shutdown()
 
     def __enter__(self) -> Pipeline:
         return self.start()

@@ -1,0 +1,167 @@
+"""Failure records, keys, notes, tracebacks and the max_failures policy."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import pytest
+
+from gpu_loader.pipeline import FailureRecord, PipelineBuilder, PipelineFailure
+from gpu_loader.pipeline._errors import RATE_WARMUP_CALLS
+
+from ._helpers import Keyed
+
+
+def fail_on(bad: set[int]) -> Any:
+    def check_item(x: int) -> int:
+        if x in bad:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    return check_item
+
+
+def run(n: int, op: Any, **pipe_kwargs: Any) -> tuple[list[Any], Any]:
+    p = PipelineBuilder().add_source(range(n)).pipe(op, **pipe_kwargs).add_sink(2).build()
+    with p:
+        out = list(p)
+    return out, p
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_failures_are_recorded_and_items_dropped(concurrency: int) -> None:
+    out, p = run(50, fail_on({3, 17}), concurrency=concurrency, name="decode")
+    assert out == [x for x in range(50) if x not in (3, 17)]
+    records = sorted(p.failures(), key=lambda r: int(r.key))
+    assert [(r.stage, r.key) for r in records] == [("decode", "3"), ("decode", "17")]
+    assert records[0].error_text == "ValueError: bad item 3"
+    assert str(records[0]) == "ValueError: bad item 3"
+    assert records[0].error.__notes__ == ["stage: decode, sample: 3"]
+    assert p.stats().stages[1].failures == 2
+
+
+def test_key_from_attribute_and_key_fn() -> None:
+    def boom(x: Any) -> Any:
+        raise KeyError("nope")
+
+    p = PipelineBuilder().add_source([Keyed("img_7.jpg")]).pipe(boom).add_sink(2).build()
+    with p:
+        list(p)
+    assert p.failures()[0].key == "img_7.jpg"
+
+    p = (
+        PipelineBuilder()
+        .add_source([{"path": "a.png"}])
+        .pipe(boom, key_fn=lambda item: item["path"])
+        .add_sink(2)
+        .build()
+    )
+    with p:
+        list(p)
+    assert p.failures()[0].key == "a.png"
+
+    p = PipelineBuilder().add_source(["x" * 500]).pipe(boom).add_sink(2).build()
+    with p:
+        list(p)
+    assert len(p.failures()[0].key) < 80  # a short repr, not the whole item
+
+
+def test_max_failures_zero_raises_at_once_with_context() -> None:
+    def decode_image(x: int) -> int:
+        if x == 5:
+            raise ValueError("corrupt")
+        return x
+
+    p = PipelineBuilder().add_source(range(100_000)).pipe(decode_image, max_failures=0)
+    pipeline = p.add_sink(2).build()
+    got = 0
+    with pytest.raises(PipelineFailure) as info, pipeline:
+        for _ in pipeline:
+            got += 1
+    assert got < 1000  # it stopped early instead of running to the end
+    group = info.value
+    assert isinstance(group, ExceptionGroup)  # noqa: F821 (a 3.11+ builtin)
+    (cause,) = group.exceptions
+    assert isinstance(cause, ValueError)
+    assert cause.__notes__ == ["stage: decode_image, sample: 5"]
+    # The original traceback reaches the consumer: it ends in the op's frame.
+    frames = traceback.extract_tb(cause.__traceback__)
+    assert frames[-1].name == "decode_image"
+
+
+@pytest.mark.parametrize(("bad", "raises"), [(3, False), (4, True)])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_count_threshold(bad: int, raises: bool, concurrency: int) -> None:
+    op = fail_on(set(range(0, 10 * bad, 10)))
+    if not raises:
+        out, p = run(100, op, concurrency=concurrency, max_failures=3)
+        assert len(out) == 100 - bad and len(p.failures()) == 3
+        return
+    with pytest.raises(PipelineFailure, match="more than 3 failures") as info:
+        run(100, op, concurrency=concurrency, max_failures=3)
+    assert len(info.value.exceptions) == 4
+
+
+@pytest.mark.parametrize(("every", "raises"), [(20, False), (5, True)])
+def test_rate_threshold(every: int, raises: bool) -> None:
+    n = 3 * RATE_WARMUP_CALLS
+    op = fail_on(set(range(0, n, every)))  # 5% or 20% of calls fail
+    if not raises:
+        out, _ = run(n, op, concurrency=2, max_failures=0.1)
+        assert len(out) == n - n // every
+        return
+    with pytest.raises(PipelineFailure, match=r"failure rate above 0\.1"):
+        run(n, op, concurrency=2, max_failures=0.1)
+
+
+def test_rate_waits_for_warmup_then_checks_at_the_end() -> None:
+    # One failure in the first 10 calls is 10% > 5%, but the check waits for warm-up...
+    op = fail_on({0})
+    out, _ = run(RATE_WARMUP_CALLS * 2, op, max_failures=0.05)
+    assert len(out) == RATE_WARMUP_CALLS * 2 - 1
+    # ...while a short stream is still judged once it ends: 2 of 10 is above 5%.
+    with pytest.raises(PipelineFailure, match="2 of 10 calls failed"):
+        run(10, fail_on({1, 2}), max_failures=0.05)
+
+
+def test_source_error_reaches_consumer() -> None:
+    def source() -> Any:
+        yield 1
+        raise OSError("index unreadable")
+
+    p = PipelineBuilder().add_source(source()).pipe(lambda x: x).add_sink(2).build()
+    with pytest.raises(PipelineFailure) as info, p:
+        list(p)
+    (cause,) = info.value.exceptions
+    assert isinstance(cause, OSError)
+    assert "stage: source" in cause.__notes__
+
+
+def test_worker_init_error_reaches_consumer() -> None:
+    def init() -> None:
+        raise RuntimeError("no decoder")
+
+    p = PipelineBuilder().add_source(range(3)).pipe(lambda x, s: x, worker_init=init)
+    pipeline = p.add_sink(2).build()
+    with pytest.raises(PipelineFailure, match="worker_init") as info, pipeline:
+        list(pipeline)
+    assert isinstance(info.value.exceptions[0], RuntimeError)
+
+
+def test_disaggregate_of_non_iterable_says_what_to_do() -> None:
+    p = PipelineBuilder().add_source(range(3)).disaggregate().add_sink(2).build()
+    with pytest.raises(PipelineFailure, match="after aggregate"), p:
+        list(p)
+
+
+def test_failure_split_keeps_the_class() -> None:
+    group = PipelineFailure("x", [ValueError("a"), KeyError("b")])
+    matched, rest = group.split(ValueError)
+    assert isinstance(matched, PipelineFailure) and isinstance(rest, PipelineFailure)
+
+
+def test_failure_record_is_frozen() -> None:
+    record = FailureRecord(stage="s", key="k", error=ValueError("v"))
+    with pytest.raises(AttributeError):
+        record.stage = "t"  # type: ignore[misc]

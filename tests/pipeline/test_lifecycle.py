@@ -1,0 +1,192 @@
+"""Every way of leaving a pipeline stops and joins all its threads, quickly."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_loader.pipeline import Pipeline, PipelineBuilder, PipelineFailure
+
+from ._helpers import pipeline_threads
+
+
+def busy_pipeline(n: int = 1_000_000, concurrency: int = 3) -> Pipeline:
+    return (
+        PipelineBuilder()
+        .add_source(range(n))
+        .pipe(lambda x: x, concurrency=concurrency, output_order="completion")
+        .pipe(lambda x: x + 1, concurrency=concurrency)
+        .aggregate(4)
+        .add_sink(2)
+        .build()
+    )
+
+
+def test_threads_exist_while_running_and_none_after_close() -> None:
+    before = set(threading.enumerate())
+    p = busy_pipeline().start()
+    time.sleep(0.05)  # let every stage block on a full queue
+    assert len(pipeline_threads()) == 1 + 3 + 3 + 1  # source, two stages, aggregate
+    t0 = time.monotonic()
+    p.close()
+    assert time.monotonic() - t0 < 2.0
+    assert set(threading.enumerate()) - before == set()
+    p.close()  # idempotent
+
+
+def test_leak_check_can_fail() -> None:
+    # Guards the checks below: an un-closed pipeline is seen as leaked threads.
+    p = busy_pipeline().start()
+    try:
+        assert pipeline_threads() != []
+    finally:
+        p.close()
+    assert pipeline_threads() == []
+
+
+def test_normal_end() -> None:
+    before = set(threading.enumerate())
+    with busy_pipeline(n=100) as p:
+        assert len(list(p)) == 25
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_break_out_of_iteration_without_with() -> None:
+    before = set(threading.enumerate())
+    p = busy_pipeline()
+    for i, _ in enumerate(p):
+        if i == 3:
+            break
+    # The abandoned iterator is collected at once, and it closes the pipeline.
+    assert set(threading.enumerate()) - before == set()
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(p)
+
+
+def test_break_inside_with() -> None:
+    before = set(threading.enumerate())
+    with busy_pipeline() as p:
+        for _ in p:
+            break
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_del_stops_threads() -> None:
+    before = set(threading.enumerate())
+    p = busy_pipeline().start()
+    it = iter(p)
+    next(it)
+    del it, p
+    gc.collect()
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_del_of_a_started_pipeline_never_iterated() -> None:
+    before = set(threading.enumerate())
+    p = busy_pipeline().start()
+    del p
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_exception_in_consumer_loop() -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(ZeroDivisionError), busy_pipeline() as p:
+        for _ in p:
+            _ = 1 / 0
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_keyboard_interrupt_in_consumer_loop() -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(KeyboardInterrupt), busy_pipeline() as p:
+        for i, _ in enumerate(p):
+            if i == 10:
+                raise KeyboardInterrupt
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_keyboard_interrupt_without_with() -> None:
+    before = set(threading.enumerate())
+    p = busy_pipeline()
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(p):
+            if i == 10:
+                raise KeyboardInterrupt
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_failure_path_joins_everything() -> None:
+    before = set(threading.enumerate())
+
+    def explode(x: int) -> int:
+        if x == 50:
+            raise ValueError("x")
+        return x
+
+    p = PipelineBuilder().add_source(range(10**6)).pipe(explode, concurrency=4, max_failures=0)
+    with pytest.raises(PipelineFailure), p.add_sink(2).build() as pipeline:
+        list(pipeline)
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_close_while_stages_wait_on_an_empty_queue() -> None:
+    def slow_source() -> Iterator[int]:
+        for i in range(1000):
+            time.sleep(0.05)
+            yield i
+
+    before = set(threading.enumerate())
+    p = PipelineBuilder().add_source(slow_source()).pipe(lambda x: x, concurrency=8)
+    pipeline = p.aggregate(100).add_sink(2).build().start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    pipeline.close()
+    assert time.monotonic() - t0 < 2.0
+    assert set(threading.enumerate()) - before == set()
+
+
+def test_close_from_another_thread_ends_iteration() -> None:
+    p = busy_pipeline().start()
+    threading.Timer(0.1, p.close).start()
+    count = sum(1 for _ in p)  # ends quietly instead of hanging
+    assert count > 0
+    assert pipeline_threads() == []
+
+
+def test_single_pass_and_no_restart() -> None:
+    p = busy_pipeline(n=8)
+    with p:
+        it = iter(p)
+        with pytest.raises(RuntimeError, match="already being iterated"):
+            iter(p)
+        assert len(list(it)) == 2
+    with pytest.raises(RuntimeError, match="closed"):
+        p.start()
+
+
+def test_interpreter_exit_with_a_running_pipeline() -> None:
+    code = textwrap.dedent(
+        """
+        from gpu_loader.pipeline import PipelineBuilder
+        p = PipelineBuilder().add_source(range(10**9)).pipe(lambda x: x, concurrency=4)
+        p = p.add_sink(2).build().start()
+        it = iter(p)
+        print(next(it), next(it), flush=True)
+        # exit without closing: the finalizer must stop and join the threads
+        """
+    )
+    t0 = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1"]
+    assert "still running" not in result.stderr
+    assert time.monotonic() - t0 < 30
