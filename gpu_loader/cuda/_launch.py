@@ -59,6 +59,10 @@ SAMPLE_DTYPE = np.dtype(
     }
 )
 
+# Float round-off past the image edge that is accepted and clamped away, in pixels: the
+# same tolerance as the CPU path (gpu_loader.ops), so both accept the same boxes.
+BOX_TOLERANCE = 1e-3
+
 # A source image as the decoder hands it over: (pointer, height, width, row pitch in bytes).
 ImageRef = tuple[int, int, int, int]
 
@@ -158,8 +162,8 @@ def pack_samples(
     records = np.zeros(n, dtype=SAMPLE_DTYPE)
     for i, image in enumerate(images):
         _check_image(i, image)
-        _check_box(i, box[i], image[1], image[2])
-        records[i] = (image[0], image[3], image[1], image[2], *box[i], int(flip[i]), 0)
+        clamped = _check_box(i, box[i], image[1], image[2])
+        records[i] = (image[0], image[3], image[1], image[2], *clamped, int(flip[i]), 0)
     return records
 
 
@@ -207,16 +211,25 @@ def _check_image(i: int, image: ImageRef) -> None:
         raise ValueError(f"image {i} is too large for 32-bit indexing: {height}x{width}")
 
 
-def _check_box(i: int, box: npt.NDArray[np.float64], height: int, width: int) -> None:
+def _check_box(
+    i: int, box: npt.NDArray[np.float64], height: int, width: int
+) -> tuple[float, float, float, float]:
+    """The box, validated, with round-off past the bottom/right edge clamped away."""
     top, left, bh, bw = (float(v) for v in box)
     if not np.all(np.isfinite(box)) or bh <= 0 or bw <= 0:
         raise ValueError(
             f"image {i}: the crop box (top, left, height, width)={tuple(box)} needs a finite, "
             f"positive height and width"
         )
-    if top < 0 or left < 0 or top + bh > height or left + bw > width:
+    if (
+        top < 0
+        or left < 0
+        or top + bh > height + BOX_TOLERANCE
+        or left + bw > width + BOX_TOLERANCE
+    ):
         raise ValueError(
             f"image {i}: the crop box (top, left, height, width)={tuple(box)} leaves the "
             f"{height}x{width} image; clip the box to the decoded image (scale it with a "
             f"reduced-size decode)"
         )
+    return top, left, min(bh, height - top), min(bw, width - left)

@@ -162,3 +162,33 @@ def test_uint8_matches_pillow_within_one_level(seed: int) -> None:
         if seed == 1:
             want = want[:, ::-1]
         assert np.abs(got - want).max() <= 1, (box, size)
+
+
+@pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_the_cpu_path(dtype: OutputDtype, seed: int) -> None:
+    # gpu_loader.ops is Pillow in 8-bit fixed point, rounding between its passes: one
+    # pixel level apart, plus each side's rounding to the output dtype.
+    from gpu_loader.ops import CropParams, transform_into
+
+    rng = np.random.default_rng([seed, 99])
+    case = random_case(rng, dtype, n=4, max_side=48, max_out=20, label=f"cpu path {seed}")
+    got = as_float64(RUN(case, 0), dtype)
+    level = 1.0 if dtype == "uint8" else 1.0 / (255.0 * min(case.std))
+    rel = {"float32": 1e-6, "float16": 2.0**-10, "bfloat16": 2.0**-7, "uint8": 0.0}[dtype]
+    numpy_dtype = {
+        "float32": np.float32,
+        "float16": np.float16,
+        "bfloat16": np.uint16,
+        "uint8": np.uint8,
+    }
+    for i, image in enumerate(case.images):
+        top, left, bh, bw = case.boxes[i]
+        params = CropParams(top, left, bh, bw, flip=bool(case.flips[i]))
+        out = np.zeros((3, case.out_h, case.out_w), dtype=numpy_dtype[dtype])
+        transform_into(
+            np.ascontiguousarray(image), params, out, mean=case.mean, std=case.std, dtype=dtype
+        )
+        want = as_float64(out, dtype)
+        err = np.abs(got[i] - want)
+        assert np.all(err <= level + rel * np.abs(want) + 1e-6), (i, float(err.max()))

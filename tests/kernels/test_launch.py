@@ -104,6 +104,7 @@ def test_pack_samples_empty_batch() -> None:
         ((1, 4, 4, 12), (0, 0, 0, 4), "positive height"),
         ((1, 4, 4, 12), (0, 0, 4, float("inf")), "finite"),
         ((1, 4, 4, 12), (0.5, 0, 4, 4), "leaves the 4x4 image"),
+        ((1, 4, 4, 12), (0, 0, 4, 4.002), "leaves"),
         ((1, 4, 4, 12), (0, -0.1, 2, 2), "leaves"),
     ],
 )
@@ -112,6 +113,11 @@ def test_pack_samples_rejects_bad_samples(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         pack_samples([image], [box], [False])
+
+
+def test_round_off_past_the_edge_is_clamped() -> None:
+    records = pack_samples([(1, 4, 6, 18)], [(1.0, 2.0, 3.0005, 4.0004)], [False])
+    assert records["box_height"][0] == 3.0 and records["box_width"][0] == 4.0
 
 
 def test_pack_samples_rejects_mismatched_lengths() -> None:
