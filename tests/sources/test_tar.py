@@ -192,3 +192,20 @@ def test_fingerprint_changes_with_labels(shards: list[Path], tmp_path: Path) -> 
     samples[1] = (*samples[1][:3], 4 if samples[1][3] != 4 else 3)
     other.write_bytes(shard_bytes(samples))
     assert TarShards([str(other)]).fingerprint() != a.fingerprint()
+
+
+def test_concurrent_reads_from_threads_match(shards: list[Path]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    index = TarShards([str(p) for p in shards])
+    expected = [data for _, data, _ in _sequential(shards)]
+    order = np.random.default_rng(1).permutation(len(index)).tolist() * 4
+
+    def read(i: int) -> tuple[int, bytes]:
+        buf = bytearray(index.nbytes(i) or 0)
+        index.readinto(i, buf)
+        return i, bytes(buf)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for i, data in pool.map(read, order):
+            assert data == expected[i]
