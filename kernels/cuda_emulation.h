@@ -8,7 +8,8 @@
 //     thread_local so two Python threads may run emulated launches at the same time;
 //   * __half / __nv_bfloat16 with the round-to-nearest-even conversions that
 //     cuda_fp16.h / cuda_bf16.h perform on the device, so emulated output has the same bits;
-//   * __float2int_rn (round half to even, as the PTX cvt.rni instruction);
+//   * __float2int_rn (round half to even, as the PTX cvt.rni instruction) and
+//     __uint_as_float (a bit cast);
 //   * GPU_LOADER_EMULATED_KERNEL, which defines an exported C launcher
 //     `emulated_<kernel>(gx, gy, gz, bx, by, bz, <kernel params>)` that runs every thread
 //     of every block in turn. That is exact for kernels without __syncthreads, shared
@@ -40,6 +41,12 @@ static thread_local dim3 gridDim;
 // Round half to even, like the device's __float2int_rn. nearbyint follows the current
 // rounding mode, which is round-to-nearest-even unless someone changed it.
 static inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
+
+static inline float __uint_as_float(unsigned int u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 struct __half {
     std::uint16_t bits;
