@@ -186,12 +186,25 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
     return path
 
 
+def reaped_children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Timer:
-    """Wall and process-tree CPU time between `start()` and `stop()`."""
+    """Wall and process-tree CPU time between `start()` and `stop()`.
+
+    Worker processes (a DataLoader's) may exit before `stop()`: their CPU time then
+    moves from the live tree to the reaped children's usage, so both are summed.
+    """
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
-        self.c0 = tree_cpu_seconds()
+        self.c0 = tree_cpu_seconds() + reaped_children_cpu_seconds()
 
     def stop(self) -> tuple[float, float]:
-        return time.perf_counter() - self.t0, tree_cpu_seconds() - self.c0
+        wall = time.perf_counter() - self.t0
+        return wall, tree_cpu_seconds() + reaped_children_cpu_seconds() - self.c0

@@ -6,9 +6,14 @@ import gpu_loader
 
 # The documented top-level names (README "Public API", docs/architecture.md).
 DOCUMENTED = [
+    "FailedSample",
+    "ImageLoader",
+    "LoaderOptions",
+    "PipelineFailure",
     "__version__",
     "batching",
     "cuda",
+    "datasets",
     "monitor",
     "ops",
     "pipeline",

@@ -1,0 +1,426 @@
+"""CPU image loaders side by side: gpu_loader vs DataLoader, SPDL and DALI (issue 5).
+
+Every system decodes the same generated JPEG folder, applies the same transform
+(TrainTransform: RandomResizedCrop + flip + normalize; EvalTransform: resize shorter side
++ centre crop + normalize) and yields float32 ``[B, 3, 224, 224]`` torch batches. Each
+system runs in its own process; the parent samples its process tree's PSS. Throughput and
+CPU time are measured after a short warm-up (worker start-up is excluded for everyone).
+
+    python benchmarks/cpu_loaders.py                 # 2000 images, train and eval
+    python benchmarks/cpu_loaders.py --quick         # a smoke run (300 images)
+
+Results: ``benchmarks/results/cpu_loaders.json`` and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_loader.benchmarks._common import Timer, format_table, run_worker, write_results
+
+BATCH = 64
+SIZE = 224
+RESIZE = 256
+WARMUP_BATCHES = 3
+
+# system name -> (description, threads or workers used)
+SYSTEMS: dict[str, str] = {
+    "gpu_loader": "gpu_loader ImageLoader(device='cpu'), auto threads",
+    "dataloader_pillow_w2": "torch DataLoader, Pillow decode+resize, 2 workers",
+    "dataloader_pillow_w4": "torch DataLoader, Pillow decode+resize, 4 workers",
+    "dataloader_fast_w2": "torch DataLoader, gpu_loader's simplejpeg+resize per sample, 2 workers",
+    "spdl_io": "SPDL 0.8 pipeline, spdl.io (FFmpeg) decode+crop+scale, 2 threads",
+    "spdl_simplejpeg": "SPDL 0.8 pipeline, gpu_loader's simplejpeg+resize per image, 2 threads",
+    "dali_cpu": "DALI CPU pipeline (device_id=None), 2 threads",
+}
+
+
+# ---------------------------------------------------------------- shared sample logic
+def make_transform(kind: str) -> Any:
+    from gpu_loader.ops import EvalTransform, TrainTransform
+
+    if kind == "train":
+        return TrainTransform(SIZE)
+    return EvalTransform(SIZE, resize=RESIZE)
+
+
+def list_files(data: Path) -> tuple[list[str], list[int]]:
+    from gpu_loader.sources import ImageFolder
+
+    index = ImageFolder(data)
+    return [index.key(i) for i in range(len(index))], [index.label(i) for i in range(len(index))]
+
+
+def normalize_hwc(arr: Any, mean: Any, std: Any) -> Any:
+    """uint8 HWC -> float32 CHW torch tensor, (x/255 - mean)/std (what a peer pipeline does)."""
+    import numpy as np
+    import torch
+
+    out = (arr.astype(np.float32) / 255.0 - mean) / std
+    return torch.from_numpy(np.ascontiguousarray(out.transpose(2, 0, 1)))
+
+
+class PillowSample:
+    """The torchvision-style per-sample path: Pillow decode, crop box resize, flip, normalize."""
+
+    def __init__(self, files: list[str], labels: list[int], kind: str) -> None:
+        import numpy as np
+
+        self.files, self.labels, self.transform = files, labels, make_transform(kind)
+        self.mean = np.asarray(self.transform.mean, np.float32)
+        self.std = np.asarray(self.transform.std, np.float32)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import numpy as np
+        from PIL import Image, ImageOps
+
+        from gpu_loader.sources import sample_rng
+
+        with Image.open(self.files[i]) as im:
+            img = ImageOps.exif_transpose(im).convert("RGB")
+        p = self.transform.make_params(img.height, img.width, sample_rng(0, 0, i))
+        box = (p.left, p.top, p.left + p.width, p.top + p.height)
+        out_h, out_w = self.transform.output_size
+        img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
+        if p.flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return normalize_hwc(np.asarray(img), self.mean, self.std), self.labels[i]
+
+
+class FastSample:
+    """gpu_loader's own per-sample CPU path (simplejpeg + fused resize), one sample at a time."""
+
+    def __init__(self, files: list[str], labels: list[int], kind: str) -> None:
+        self.files, self.labels, self.transform = files, labels, make_transform(kind)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import numpy as np
+        import torch
+
+        from gpu_loader.ops import load_into
+        from gpu_loader.sources import sample_rng
+
+        out_h, out_w = self.transform.output_size
+        out = np.empty((3, out_h, out_w), np.float32)
+        data = Path(self.files[i]).read_bytes()
+        load_into(
+            data, self.transform, sample_rng(0, 0, i), out, dtype="float32", key=self.files[i]
+        )
+        return torch.from_numpy(out), self.labels[i]
+
+
+def collate(samples: list[tuple[Any, int]]) -> tuple[Any, Any]:
+    import torch
+
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+
+# ---------------------------------------------------------------- one iterable per system
+def iter_gpu_loader(data: Path, kind: str) -> Iterator[tuple[Any, Any]]:
+    import gpu_loader as gl
+
+    loader = gl.ImageLoader(
+        gl.sources.ImageFolder(data),
+        batch_size=BATCH,
+        transform=make_transform(kind),
+        device="cpu",
+        dtype="float32",
+        shuffle=True,
+        seed=0,
+    )
+    with loader:
+        yield from loader
+
+
+def iter_dataloader(sample_cls: type, workers: int) -> Callable[[Path, str], Iterable[Any]]:
+    def make(data: Path, kind: str) -> Iterable[Any]:
+        import torch.utils.data as tud
+
+        files, labels = list_files(data)
+        return tud.DataLoader(
+            sample_cls(files, labels, kind),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=collate,
+            prefetch_factor=2,
+        )
+
+    return make
+
+
+def iter_spdl(
+    sample: Callable[[Path, str], Callable[[int], Any]],
+) -> Callable[[Path, str], Iterator[Any]]:
+    def run(data: Path, kind: str) -> Iterator[Any]:
+        import random
+
+        from spdl.pipeline import PipelineBuilder
+
+        load_one, n = sample(data, kind)
+        order = list(range(n))
+        random.Random(0).shuffle(order)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(order)
+            .pipe(load_one, concurrency=2, output_order="input")
+            .aggregate(BATCH)
+            .pipe(collate)
+            .add_sink(3)
+            .build(num_threads=2)
+        )
+        with pipeline.auto_stop():
+            yield from pipeline
+
+    return run
+
+
+def spdl_io_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
+    import numpy as np
+    import spdl.io
+
+    from gpu_loader.sources import sample_rng
+
+    files, labels = list_files(data)
+    transform = make_transform(kind)
+    mean = np.asarray(transform.mean, np.float32)
+    std = np.asarray(transform.std, np.float32)
+    out_h, out_w = transform.output_size
+
+    def load_one(i: int) -> tuple[Any, int]:
+        packets = spdl.io.demux_image(files[i])
+        p = transform.make_params(packets.height, packets.width, sample_rng(0, 0, i))
+        w, h = max(1, round(p.width)), max(1, round(p.height))
+        x, y = round(p.left), round(p.top)
+        flip = ",hflip" if p.flip else ""
+        desc = f"crop={w}:{h}:{x}:{y},scale={out_w}:{out_h}:flags=bilinear{flip},format=rgb24"
+        frames = spdl.io.decode_packets(packets, filter_desc=desc)
+        arr = spdl.io.to_numpy(spdl.io.convert_frames(frames))
+        return normalize_hwc(arr, mean, std), labels[i]
+
+    return load_one, len(files)
+
+
+def spdl_fast_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
+    files, labels = list_files(data)
+    sample = FastSample(files, labels, kind)
+    return sample.__getitem__, len(sample)
+
+
+def iter_dali(data: Path, kind: str) -> Iterator[Any]:
+    import numpy as np
+    import torch
+    from nvidia.dali import fn, pipeline_def, types
+
+    files, labels = list_files(data)
+    transform = make_transform(kind)
+    mean = [255 * m for m in transform.mean]
+    std = [255 * s for s in transform.std]
+
+    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0)  # type: ignore[untyped-decorator]
+    def pipe() -> Any:
+        jpegs, label = fn.readers.file(
+            files=files, labels=labels, random_shuffle=True, name="reader"
+        )
+        if kind == "train":
+            images = fn.decoders.image_random_crop(
+                jpegs,
+                device="cpu",
+                output_type=types.RGB,
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[3 / 4, 4 / 3],
+            )
+            images = fn.resize(images, resize_x=SIZE, resize_y=SIZE, antialias=True)
+            mirror = fn.random.coin_flip(probability=0.5)
+            images = fn.crop_mirror_normalize(
+                images,
+                mirror=mirror,
+                mean=mean,
+                std=std,
+                output_layout="CHW",
+                dtype=types.FLOAT,
+            )
+        else:
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=RESIZE, antialias=True)
+            images = fn.crop_mirror_normalize(
+                images,
+                crop=(SIZE, SIZE),
+                mean=mean,
+                std=std,
+                output_layout="CHW",
+                dtype=types.FLOAT,
+            )
+        return images, label
+
+    p = pipe()
+    p.build()
+    batches = (len(files) + BATCH - 1) // BATCH
+    for _ in range(batches):
+        images, label = p.run()
+        yield (
+            torch.from_numpy(np.asarray(images.as_tensor())),
+            torch.from_numpy(np.asarray(label.as_tensor()).reshape(-1)),
+        )
+
+
+RUNNERS: dict[str, Callable[[Path, str], Iterable[Any]]] = {
+    "gpu_loader": iter_gpu_loader,
+    "dataloader_pillow_w2": iter_dataloader(PillowSample, 2),
+    "dataloader_pillow_w4": iter_dataloader(PillowSample, 4),
+    "dataloader_fast_w2": iter_dataloader(FastSample, 2),
+    "spdl_io": iter_spdl(spdl_io_sample),
+    "spdl_simplejpeg": iter_spdl(spdl_fast_sample),
+    "dali_cpu": iter_dali,
+}
+
+
+def measure(system: str, data: Path, kind: str) -> dict[str, Any]:
+    """One pass over the data; wall and process-tree CPU time after the warm-up batches."""
+    timer = Timer()
+    images = 0
+    shape: list[int] = []
+    last = 0.0
+    iterator = iter(RUNNERS[system](data, kind))
+    for batches, batch in enumerate(iterator, start=1):
+        if batches == WARMUP_BATCHES:
+            timer.start()
+        elif batches > WARMUP_BATCHES:
+            images += int(batch[0].shape[0])
+            shape = list(batch[0].shape)
+            last = time.perf_counter()
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+    del iterator  # worker processes exit and are reaped, so their CPU time is counted
+    _, cpu = timer.stop()
+    wall = last - timer.t0
+    return {
+        "images": images,
+        "wall_s": wall,
+        "img_per_s": images / wall,
+        "cpu_s_per_1000": 1000 * cpu / images,
+        "batch_shape": shape,
+    }
+
+
+# ---------------------------------------------------------------- the parent process
+def available(system: str) -> str | None:
+    """None when `system` can run here, else why not."""
+    import importlib.util
+
+    need = {"spdl_io": "spdl", "spdl_simplejpeg": "spdl", "dali_cpu": "nvidia.dali"}.get(system)
+    if need is None:
+        return None
+    try:
+        found = importlib.util.find_spec(need) is not None
+    except ImportError:
+        found = False
+    return None if found else f"{need} is not installed (pip install 'gpu-loader[bench]')"
+
+
+def ensure_dataset(data: Path | None, num_images: int) -> Path:
+    from gpu_loader.datasets import make_image_folder
+
+    if data is not None:
+        return data
+    root = Path(os.environ.get("GPU_LOADER_CACHE", Path.home() / ".cache" / "gpu_loader"))
+    target = root / f"bench-photos-{num_images}"
+    return make_image_folder(target, num_images=num_images, num_classes=10, seed=0, progress=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
+    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--transforms", default="train,eval", help="comma list: train,eval")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of systems")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--quick", action="store_true", help="300 images, for a smoke run")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.data, args.kind)))
+        return 0
+
+    num = 300 if args.quick else args.num_images
+    data = ensure_dataset(args.data, num)
+    rows: list[dict[str, Any]] = []
+    for kind in args.transforms.split(","):
+        for system in args.systems.split(","):
+            why = available(system)
+            if why is not None:
+                print(f"[skip] {system}: {why}", file=sys.stderr)
+                continue
+            print(f"[run] {kind:5s} {system} ...", file=sys.stderr, flush=True)
+            result, pss = run_worker(
+                [
+                    "-m",
+                    "gpu_loader.benchmarks.cpu_loaders",
+                    "--worker",
+                    system,
+                    "--kind",
+                    kind,
+                    "--data",
+                    str(data),
+                ]
+            )
+            rows.append({"transform": kind, "system": system, "peak_pss_mb": pss, **result})
+    add_ratios(rows)
+    columns = [
+        ("transform", "transform"),
+        ("system", "system"),
+        ("img_per_s", "img/s"),
+        ("cpu_s_per_1000", "CPU-s/1000 img"),
+        ("peak_pss_mb", "peak PSS MB"),
+        ("speedup_vs_pillow_w2", "x DataLoader+Pillow(2)"),
+        ("error", "error"),
+    ]
+    table = format_table(rows, columns)
+    path = write_results(
+        "cpu_loaders",
+        {
+            "dataset": {"path": str(data), "images": num},
+            "batch_size": BATCH,
+            "systems": SYSTEMS,
+            "rows": rows,
+            "table": table,
+        },
+        args.out,
+    )
+    print(table)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """img/s of each row over DataLoader+Pillow (2 workers) measured on the same transform."""
+    base = {
+        r["transform"]: r.get("img_per_s") for r in rows if r["system"] == "dataloader_pillow_w2"
+    }
+    for row in rows:
+        ref = base.get(row["transform"])
+        if ref and row.get("img_per_s"):
+            row["speedup_vs_pillow_w2"] = row["img_per_s"] / ref
+
+
+if __name__ == "__main__":
+    sys.exit(main())

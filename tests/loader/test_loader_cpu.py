@@ -1,0 +1,230 @@
+"""ImageLoader on the CPU: exactly once, failures reported, deterministic, exact resume."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import gpu_loader as gl
+from gpu_loader.ops import EvalTransform, TrainTransform
+from gpu_loader.pipeline import PipelineFailure
+from gpu_loader.sources import FileList
+
+SIZE = 32
+
+
+def make(source: Any, **kw: Any) -> gl.ImageLoader:
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("transform", TrainTransform(SIZE))
+    return gl.ImageLoader(source, **kw)
+
+
+def run_epoch(loader: gl.ImageLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def labels_of(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    return [int(v) for _, y in batches for v in y]
+
+
+def test_batches_have_the_documented_shape_dtype_and_count(unique_list: FileList) -> None:
+    loader = make(unique_list, batch_size=10)
+    batches = run_epoch(loader)
+    assert len(batches) == len(loader) == 5
+    for x, y in batches:
+        assert x.dtype == torch.float32 and x.shape[1:] == (3, SIZE, SIZE)
+        assert y.dtype == torch.int64 and y.shape[0] == x.shape[0]
+    assert [b[0].shape[0] for b in batches] == [10, 10, 10, 10, 8]
+    assert sorted(labels_of(batches)) == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "uint8"])
+def test_output_dtypes_agree(unique_list: FileList, dtype: str) -> None:
+    ref = run_epoch(make(unique_list, transform=EvalTransform(SIZE), shuffle=False))
+    got = run_epoch(make(unique_list, transform=EvalTransform(SIZE), shuffle=False, dtype=dtype))
+    assert got[0][0].dtype == getattr(torch, dtype)
+    for (xr, yr), (xg, yg) in zip(ref, got, strict=True):
+        assert torch.equal(yr, yg)
+        if dtype == "uint8":
+            mean = torch.tensor(EvalTransform(SIZE).mean).view(1, 3, 1, 1)
+            std = torch.tensor(EvalTransform(SIZE).std).view(1, 3, 1, 1)
+            pixels = (xr * std + mean) * 255
+            assert (xg.float() - pixels).abs().max() <= 1.0
+        else:
+            tol = 1e-6 if dtype == "float32" else (1e-2 if dtype == "float16" else 3e-2)
+            assert torch.allclose(xg.float(), xr, atol=tol * 3, rtol=tol)
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_bad_files_are_reported_and_the_rest_delivered_once(
+    bad_list: tuple[FileList, set[str]], batching: str
+) -> None:
+    source, bad_keys = bad_list
+    loader = make(source, batching=batching, max_failures=None)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        labels = labels_of(run_epoch(loader))
+        assert Counter(labels) == Counter(range(30)), "each good sample exactly once"
+    failed = loader.failed_samples()
+    assert {f.key for f in failed} == bad_keys
+    assert Counter(f.epoch for f in failed) == {0: 5, 1: 5}
+    by_key = {f.key: f for f in failed if f.epoch == 0}
+    missing = next(k for k in bad_keys if k.endswith("missing.jpg"))
+    assert by_key[missing].stage == "read" and "FileNotFoundError" in by_key[missing].error
+    for key in bad_keys - {missing}:
+        assert by_key[key].stage == "decode"
+
+
+def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> None:
+    source, bad_keys = bad_list
+    loader = make(source, on_error="raise", shuffle=False)
+    with pytest.raises(PipelineFailure) as info:
+        run_epoch(loader)
+    text = "\n".join(
+        [str(info.value)]
+        + [str(e) + " " + " ".join(getattr(e, "__notes__", [])) for e in info.value.exceptions]
+    )
+    assert any(key in text for key in bad_keys)
+
+
+def test_too_many_failures_raise_pipeline_failure(bad_list: tuple[FileList, set[str]]) -> None:
+    source, _ = bad_list
+    with pytest.raises(PipelineFailure):
+        run_epoch(make(source, max_failures=2, shuffle=False))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_ordered_batches_do_not_depend_on_thread_count(unique_list: FileList, threads: int) -> None:
+    ref = run_epoch(make(unique_list, seed=5, options=gl.LoaderOptions(decode_threads=2)))
+    got = run_epoch(
+        make(
+            unique_list,
+            seed=5,
+            options=gl.LoaderOptions(decode_threads=threads, io_threads=threads),
+        )
+    )
+    assert len(ref) == len(got)
+    for (xr, yr), (xg, yg) in zip(ref, got, strict=True):
+        assert torch.equal(yr, yg)
+        assert torch.equal(xr, xg)
+
+
+def test_epochs_reshuffle_and_random_crops_change(unique_list: FileList) -> None:
+    loader = make(unique_list, seed=1)
+    first = run_epoch(loader)
+    second = run_epoch(loader)  # no set_epoch: the next pass moves on to epoch 1 by itself
+    assert loader.epoch == 1
+    assert labels_of(first) != labels_of(second)
+    loader.set_epoch(0)
+    assert labels_of(run_epoch(loader)) == labels_of(first)
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 3, 5])
+def test_resume_mid_epoch_yields_exactly_the_remaining_batches(
+    unique_list: FileList, stop_after: int
+) -> None:
+    full = run_epoch(make(unique_list, seed=2))
+    loader = make(unique_list, seed=2)
+    it = iter(loader)
+    for _ in range(stop_after):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, seed=2)
+    resumed.load_state_dict(state)
+    rest = run_epoch(resumed)
+    assert len(rest) == len(full) - stop_after
+    for (xr, yr), (xg, yg) in zip(full[stop_after:], rest, strict=True):
+        assert torch.equal(yr, yg) and torch.equal(xr, xg)
+
+
+def test_straggler_resume_delivers_the_rest_once(unique_list: FileList) -> None:
+    loader = make(unique_list, seed=4, batching="straggler")
+    it = iter(loader)
+    seen = [int(v) for _ in range(2) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, seed=4, batching="straggler")
+    resumed.load_state_dict(state)
+    rest = labels_of(run_epoch(resumed))
+    assert Counter(seen + rest) == Counter(range(len(unique_list)))
+
+
+def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:
+    state = make(unique_list, seed=2).state_dict()
+    with pytest.raises(ValueError, match="batch_size"):
+        make(unique_list, seed=2, batch_size=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        make(unique_list, seed=3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sharding_through_the_loader(unique_list: FileList, world_size: int) -> None:
+    shards = [
+        labels_of(run_epoch(make(unique_list, rank=r, world_size=world_size, seed=9)))
+        for r in range(world_size)
+    ]
+    assert len({len(s) for s in shards}) == 1, "every rank gets the same number of samples"
+    union = Counter(v for s in shards for v in s)
+    assert set(union) == set(range(len(unique_list)))
+
+
+def test_breaking_out_and_exceptions_leave_no_threads(unique_list: FileList) -> None:
+    before = set(threading.enumerate())
+    loader = make(unique_list, batch_size=4)
+    for _ in loader:
+        break
+    loader.close()
+    with pytest.raises(ZeroDivisionError):
+        for _ in make(unique_list, batch_size=4):
+            raise ZeroDivisionError
+    gen: Iterator[Any] = iter(make(unique_list, batch_size=4))
+    next(gen)
+    del gen
+    import gc
+
+    gc.collect()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+    leaked = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert leaked == []
+
+
+def test_invalid_arguments_are_clear(unique_list: FileList) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        make(unique_list, batch_size=0)
+    with pytest.raises(ValueError, match="batching"):
+        make(unique_list, batching="fastest")
+    with pytest.raises(ValueError, match="dtype"):
+        make(unique_list, dtype="float64")
+    with pytest.raises(TypeError, match="transform"):
+        make(unique_list, transform=lambda x: x)
+
+
+def test_images_match_the_per_sample_cpu_path(unique_list: FileList) -> None:
+    from gpu_loader.ops import load_into
+    from gpu_loader.sources import sample_rng
+
+    transform = TrainTransform(SIZE)
+    loader = make(unique_list, seed=11, transform=transform, batch_size=16)
+    x, y = next(iter(loader))
+    loader.close()
+    indices = loader.sampler.indices()[:16]
+    for row, index in enumerate(indices):
+        assert int(y[row]) == unique_list.label(int(index))
+        out = np.empty((3, SIZE, SIZE), np.float32)
+        load_into(
+            unique_list.read(int(index)),
+            transform,
+            sample_rng(11, 0, int(index)),
+            out,
+            dtype="float32",
+        )
+        assert np.array_equal(out, x[row].numpy())
