@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 
 @dataclass(frozen=True)
@@ -151,3 +152,9 @@ def _check_count(name: str, value: object, minimum: int) -> None:
         raise TypeError(f"`{name}` must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
+
+
+if TYPE_CHECKING:  # mypy proves the engine's protocol is met; nothing runs at import
+    from gpu_loader.pipeline import LaneThreshold
+
+    _conforms: LaneThreshold = AdaptiveThreshold()

@@ -1,0 +1,90 @@
+"""Resume: state after k batches + a new batcher fed the rest = every position exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_loader.batching import OrderedBatcher, StragglerBatcher
+
+from ._sim import FakeClock, check_exactly_once, simulate
+from .test_straggler import scenarios
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.integers(0, 12), st.sampled_from(["straggler", "ordered"]))
+def test_resume_delivers_exactly_the_rest(s: dict, stop_after: int, mode: str) -> None:  # type: ignore[type-arg]
+    def make(clock: FakeClock):  # type: ignore[no-untyped-def]
+        if mode == "ordered":
+            return OrderedBatcher(s["size"], s["n"], s["drop_last"], clock=clock)
+        return StragglerBatcher(
+            s["size"], s["n"], max_delay_batches=s["delay"], drop_last=s["drop_last"], clock=clock
+        )
+
+    clock = FakeClock()
+    first = make(clock)
+    kw = {"threads": s["threads"], "window": s["window"]}
+    run1 = simulate(
+        first, clock, s["durations"], s["failures"], order=range(first.plan.num_kept),
+        stop_after=stop_after, **kw,
+    )  # fmt: skip
+    state = json.loads(json.dumps(first.state_dict()))  # must survive JSON
+    assert state["batches"] == len(run1.batches)
+    second = make(clock)
+    second.load_state_dict(state)
+    remaining = second.remaining_positions()
+    run2 = simulate(second, clock, s["durations"], s["failures"], order=remaining, **kw)
+    check_exactly_once(run2, first.plan.num_kept, previous=run1.delivered(), failed=run1.failed)
+    # Samples completed but not emitted before the checkpoint are computed again, nothing else.
+    assert set(remaining).isdisjoint(run1.delivered()) and set(remaining).isdisjoint(run1.failed)
+    assert [b.index for b in run1.batches + run2.batches] == list(
+        range(len(run1.batches) + len(run2.batches))
+    )
+    assert all(b.max_delay <= s["delay"] for b in run2.batches if mode == "straggler")
+    assert second.stats().overdue == 0
+
+
+def test_state_is_compact_ranges() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 1000, max_delay_batches=1)
+    for p in range(1000):
+        b.started(p)
+    b.fail(7)
+    for p in range(901):
+        if p != 7:
+            b.push(p, p)
+        while b.pop() is not None:
+            pass
+    state = b.state_dict()
+    assert state["delivered"] == [[0, 7], [8, 901]]
+    assert state["failed"] == [[7, 8]]
+    assert state["batches"] == 900 // 4
+    assert len(json.dumps(state)) < 300
+
+
+def test_load_state_dict_refuses_mismatches_and_used_batchers() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(2, 4)
+    b.push(0, 0)
+    b.push(1, 1)
+    assert b.pop() is not None
+    state = b.state_dict()
+    with pytest.raises(ValueError, match="'batch_size' is 2 but this batcher needs 3"):
+        StragglerBatcher(3, 4).load_state_dict(state)
+    with pytest.raises(ValueError, match="'mode' is 'straggler' but this batcher needs 'ordered'"):
+        OrderedBatcher(2, 4).load_state_dict(state)
+    with pytest.raises(RuntimeError, match="needs a fresh batcher"):
+        b.load_state_dict(state)
+    bad = {**state, "delivered": [[0, 9]]}
+    with pytest.raises(ValueError, match=r"expected \[start, stop\] with 0 <= start <= stop <= 4"):
+        StragglerBatcher(2, 4).load_state_dict(bad)
+    with pytest.raises(ValueError, match="lists position 1 twice"):
+        StragglerBatcher(2, 4).load_state_dict({**state, "failed": [[1, 2]]})
+    fresh: StragglerBatcher[int] = StragglerBatcher(2, 4)
+    fresh.load_state_dict(state)
+    assert fresh.remaining_positions() == [2, 3]
+    with pytest.raises(ValueError, match="position 0 was already delivered"):
+        fresh.push(0, 0)
+    with pytest.raises(ValueError, match="position 1 was already delivered"):
+        fresh.started(1)
