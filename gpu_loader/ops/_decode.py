@@ -207,7 +207,7 @@ def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
     if orientation == 6:
         return np.rot90(image, k=-1)
     if orientation == 7:
-        return np.rot90(image, k=1)[::-1]
+        return np.rot90(image, k=-1)[::-1]
     if orientation == 8:
         return np.rot90(image, k=1)
     return image

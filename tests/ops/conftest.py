@@ -1,0 +1,54 @@
+"""Shared fixtures: photo-like test images encoded once per session."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from gpu_loader.datasets import photo_like
+
+
+@dataclass(frozen=True)
+class Photo:
+    name: str
+    data: bytes
+    height: int
+    width: int
+
+
+def jpeg(image: np.ndarray, quality: int = 90, sub: str = "420") -> bytes:
+    return bytes(simplejpeg.encode_jpeg(image, quality=quality, colorsubsampling=sub))
+
+
+def png(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "PNG")
+    return buf.getvalue()
+
+
+# (height, width, subsampling): small, typical, portrait, wide, and big ones that take the
+# reduced-size (DCT) decode path.
+SHAPES = [
+    (200, 240, "420"),
+    (375, 500, "444"),
+    (640, 427, "420"),
+    (300, 900, "420"),
+    (1100, 1500, "420"),
+    (2000, 1400, "444"),
+]
+
+
+@pytest.fixture(scope="session")
+def photos() -> list[Photo]:
+    out = []
+    for i, (h, w, sub) in enumerate(SHAPES):
+        image = photo_like(h, w, np.random.default_rng(100 + i))
+        out.append(Photo(f"jpeg{sub}_{h}x{w}", jpeg(image, 88, sub), h, w))
+    image = photo_like(333, 280, np.random.default_rng(7))
+    out.append(Photo("png_333x280", png(image), 333, 280))
+    return out

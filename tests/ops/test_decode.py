@@ -1,0 +1,177 @@
+"""decode / probe_size: formats, colour spaces, EXIF orientation, reduced decodes, failures."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+from gpu_loader.datasets import photo_like
+from gpu_loader.ops import DecodedImage, DecodeError, decode, probe_size
+from tests.ops.conftest import Photo, jpeg, png
+
+
+def pillow_rgb(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def image() -> np.ndarray:
+    return photo_like(96, 128, np.random.default_rng(1))
+
+
+def test_jpeg_matches_pillow_decode(photos: list[Photo]) -> None:
+    for photo in photos:
+        decoded = decode(photo.data, key=photo.name)
+        assert isinstance(decoded, DecodedImage) and decoded.scale == 1.0
+        assert decoded.array.shape == (photo.height, photo.width, 3)
+        assert decoded.array.dtype == np.uint8
+        diff = np.abs(decoded.array.astype(int) - pillow_rgb(photo.data))
+        # Same libjpeg-turbo family; upsampling details may differ by a level or two.
+        assert diff.mean() < 0.5, photo.name
+
+
+def test_grayscale_jpeg_and_png_become_rgb(image: np.ndarray) -> None:
+    gray = image.mean(axis=2).astype(np.uint8)
+    for data in (
+        bytes(__import__("simplejpeg").encode_jpeg(gray[:, :, None], colorspace="GRAY")),
+        png(gray),
+    ):
+        out = decode(data).array
+        assert out.shape == (96, 128, 3)
+        assert np.array_equal(out[..., 0], out[..., 1]) and np.array_equal(out[..., 1], out[..., 2])
+        assert np.abs(out[..., 0].astype(int) - pillow_rgb(data)[..., 0]).max() <= 1
+
+
+def test_cmyk_jpeg_matches_pillow(image: np.ndarray) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).convert("CMYK").save(buf, "JPEG", quality=95)
+    data = buf.getvalue()
+    out = decode(data, key="cmyk").array
+    assert out.shape == (96, 128, 3)
+    assert np.array_equal(out, pillow_rgb(data))
+    # And it is the picture, not inverted garbage.
+    assert np.abs(out.astype(int) - image).mean() < 6
+
+
+def test_png_rgba_drops_alpha(image: np.ndarray) -> None:
+    rgba = np.dstack([image, np.full(image.shape[:2], 77, np.uint8)])
+    out = decode(png(rgba), key="rgba").array
+    assert np.array_equal(out, image)
+
+
+@pytest.mark.parametrize("fmt", ["WEBP", "BMP", "TIFF", "GIF"])
+def test_other_formats(image: np.ndarray, fmt: str) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    out = decode(buf.getvalue(), key=fmt).array
+    assert out.shape == (96, 128, 3)
+    assert np.array_equal(out, pillow_rgb(buf.getvalue()))
+
+
+def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_matches_pillow(image: np.ndarray, orientation: int) -> None:
+    data = exif_jpeg(image, orientation)
+    expected = pillow_rgb(data)
+    assert probe_size(data) == expected.shape[:2]
+    out = decode(data, key="exif").array
+    assert out.shape == expected.shape
+    assert np.abs(out.astype(int) - expected).mean() < 0.5
+
+
+def test_probe_size_is_none_for_non_jpeg(image: np.ndarray) -> None:
+    assert probe_size(png(image)) is None
+    assert probe_size(b"hello") is None
+    assert probe_size(jpeg(image)) == (96, 128)
+
+
+def test_reduced_decode_picks_the_largest_covering_factor() -> None:
+    data = jpeg(photo_like(800, 1000, np.random.default_rng(2)))
+    full = decode(data).array
+    cases = [((700, 900), 1.0), ((400, 500), 0.5), ((200, 250), 0.25), ((99, 100), 0.125)]
+    for min_size, scale in cases:
+        d = decode(data, min_size=min_size)
+        assert d.scale == scale, min_size
+        assert d.array.shape[:2] == (int(800 * scale), int(1000 * scale))
+    # A 1/8 decode is the 8x8 block average: compare with the full decode box-filtered.
+    eighth = decode(data, min_size=(50, 50)).array.astype(float)
+    boxed = full.reshape(100, 8, 125, 8, 3).mean(axis=(1, 3))
+    assert np.abs(eighth - boxed).mean() < 2.0
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "empty"),
+        (b"just some text, not an image", "unsupported format"),
+        (b"\xff\xd8\xff\xe0 not really a jpeg", "corrupt or truncated JPEG header"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10garbage", "corrupt"),
+    ],
+)
+def test_bad_bytes_raise_decode_error_naming_the_key(data: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason) as info:
+        decode(data, key="dir/sample_17.jpg")
+    assert "dir/sample_17.jpg" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_truncated_jpeg_and_png_raise(image: np.ndarray) -> None:
+    for data in (jpeg(image), png(image)):
+        with pytest.raises(DecodeError, match="truncated") as info:
+            decode(data[: len(data) // 2], key="half")
+        assert "'half'" in str(info.value)
+
+
+def test_corrupt_jpeg_body_raises(image: np.ndarray) -> None:
+    data = bytearray(jpeg(image))
+    data[len(data) // 2 : len(data) // 2 + 200] = b"\xff\xd9" * 100  # EOI markers mid-scan
+    with pytest.raises(DecodeError, match="corrupt"):
+        decode(bytes(data), key="x")
+
+
+def huge_jpeg(image: np.ndarray, height: int, width: int) -> bytes:
+    data = bytearray(jpeg(image))
+    sof = data.index(b"\xff\xc0")  # baseline SOF0: length(2) precision(1) height(2) width(2)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def test_decompression_bomb_refused_before_allocating(image: np.ndarray) -> None:
+    bomb_jpeg = huge_jpeg(image, 60000, 60000)  # 3.6 Gpx claimed: ~14 GB as RGBX
+    bomb_png = bytearray(png(image))
+    bomb_png[16:24] = struct.pack(">II", 100000, 100000)
+    for data in (bomb_jpeg, bytes(bomb_png)):
+        tracemalloc.start()
+        with pytest.raises(DecodeError, match="max_pixels") as info:
+            decode(data, key="bomb")
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 1_000_000
+        assert "bomb" in str(info.value) and "pass max_pixels >=" in str(info.value)
+
+
+def test_pixel_limit_is_configurable(image: np.ndarray) -> None:
+    data = jpeg(image)
+    with pytest.raises(DecodeError, match="max_pixels=1,000"):
+        decode(data, max_pixels=1000)
+    assert decode(data, max_pixels=96 * 128).array.shape == (96, 128, 3)
+
+
+def test_accepts_buffers_other_than_bytes(image: np.ndarray) -> None:
+    data = jpeg(image)
+    ref = decode(data).array
+    for buf in (bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
+        assert np.array_equal(decode(buf).array, ref)

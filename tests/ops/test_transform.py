@@ -1,0 +1,259 @@
+"""transform_into / load_into vs an independent Pillow reference; dtypes; out handling."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+import gpu_loader.ops._load as load_module
+from gpu_loader.ops import (
+    CropParams,
+    DecodedImage,
+    DecodeError,
+    EvalTransform,
+    TrainTransform,
+    decode,
+    load_into,
+    transform_into,
+)
+from gpu_loader.ops._resample import resize_reference
+from tests.ops.conftest import Photo
+
+TRANSFORMS = [
+    EvalTransform(224),
+    EvalTransform(64),
+    EvalTransform((96, 160), resize=180),
+    TrainTransform(224),
+    TrainTransform(48),
+    TrainTransform((128, 96), scale=(0.5, 1.0)),
+]
+
+
+def pillow_reference(
+    data: bytes, transform: TrainTransform | EvalTransform, rng: np.random.Generator
+) -> np.ndarray:
+    """Full decode, crop box + BILINEAR resize, flip, normalise: float64 [3, H, W]."""
+    with Image.open(io.BytesIO(data)) as opened:
+        im = ImageOps.exif_transpose(opened).convert("RGB")
+    p = transform.make_params(im.height, im.width, rng)
+    box = (p.left, p.top, min(p.right, im.width), min(p.bottom, im.height))
+    out_h, out_w = transform.output_size
+    res = im.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
+    if p.flip:
+        res = res.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    x = np.asarray(res, np.float64) / 255.0
+    return ((x - np.array(transform.mean)) / np.array(transform.std)).transpose(2, 0, 1)
+
+
+def psnr01(a: np.ndarray, b: np.ndarray, transform: TrainTransform | EvalTransform) -> float:
+    """PSNR on the [0, 1] pixel scale of two normalised CHW images."""
+    std = np.array(transform.std)[:, None, None]
+    mse = float(np.mean(((a.astype(np.float64) - b) * std) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+@pytest.fixture
+def scales_used(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Records the DCT scale of every decode load_into does."""
+    seen: list[float] = []
+    real = load_module.decode_at
+
+    def spy(*args: object, **kwargs: object) -> DecodedImage:
+        image = real(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(image.scale)
+        return image
+
+    monkeypatch.setattr(load_module, "decode_at", spy)
+    return seen
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS, ids=repr)
+def test_psnr_against_pillow_reference_for_every_image(
+    photos: list[Photo], transform: TrainTransform | EvalTransform, scales_used: list[float]
+) -> None:
+    out = np.full((3, *transform.output_size), np.nan, np.float32)
+    for photo in photos:
+        for seed in range(3):
+            size = load_into(
+                photo.data,
+                transform,
+                np.random.default_rng(seed),
+                out,
+                dtype="float32",
+                key=photo.name,
+            )
+            assert size == (photo.height, photo.width)
+            ref = pillow_reference(photo.data, transform, np.random.default_rng(seed))
+            value = psnr01(out, ref, transform)
+            assert value >= 35.0, (photo.name, seed, value)
+    if transform.output_size[0] <= 128:
+        # Small outputs from big photos must have taken the reduced-size decode path.
+        assert min(scales_used) <= 0.25
+
+
+def test_reduced_decode_path_is_taken_and_stays_close(
+    photos: list[Photo], scales_used: list[float]
+) -> None:
+    big = next(p for p in photos if p.height == 2000)
+    t = EvalTransform(64)
+    out = np.empty((3, 64, 64), np.float32)
+    load_into(big.data, t, np.random.default_rng(0), out, dtype="float32")
+    assert scales_used == [0.125]
+    assert psnr01(out, pillow_reference(big.data, t, np.random.default_rng(0)), t) >= 35.0
+
+
+def test_exif_rotated_jpeg_through_load_into() -> None:
+    from gpu_loader.datasets import photo_like
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.fromarray(photo_like(600, 900, np.random.default_rng(5))).save(
+        buf, "JPEG", quality=92, exif=exif.tobytes()
+    )
+    data = buf.getvalue()
+    for t in (EvalTransform(64), TrainTransform(100)):
+        out = np.empty((3, *t.output_size), np.float32)
+        assert load_into(data, t, np.random.default_rng(1), out, dtype="float32") == (900, 600)
+        assert psnr01(out, pillow_reference(data, t, np.random.default_rng(1)), t) >= 35.0
+
+
+def float64_path(
+    image: DecodedImage, p: CropParams, size: tuple[int, int], t: TrainTransform | EvalTransform
+) -> np.ndarray:
+    """The spec in float64 (resize_reference, no uint8 rounding between passes)."""
+    resized = resize_reference(image.array, p, size) / 255.0
+    return ((resized - np.array(t.mean)) / np.array(t.std)).transpose(2, 0, 1)
+
+
+POISON = {"float32": np.nan, "float16": np.nan, "bfloat16": 0x7FC1, "uint8": 0xAB}
+OUT_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16, "uint8": np.uint8}
+
+
+def bf16_to_f64(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "uint8"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_dtypes_agree_with_the_float64_path(photos: list[Photo], dtype: str, flip: bool) -> None:
+    t = TrainTransform((72, 88))
+    image = decode(photos[1].data)
+    p = CropParams(top=20.5, left=31.25, height=300.0, width=401.5, flip=flip)
+    ref = float64_path(image, p, (72, 88), t)
+    out = np.full((3, 72, 88), POISON[dtype], OUT_DTYPE[dtype])
+    transform_into(image, p, out, mean=t.mean, std=t.std, dtype=dtype)  # type: ignore[arg-type]
+    # Every element is compared, so any unwritten (poisoned) element fails.
+    std = np.array(t.std)[:, None, None]
+    if dtype == "uint8":
+        pixels = (ref * std + np.array(t.mean)[:, None, None]) * 255
+        assert np.abs(out.astype(float) - pixels).max() <= 1.0 + 1e-6
+        return
+    got = bf16_to_f64(out) if dtype == "bfloat16" else out.astype(np.float64)
+    # Pillow rounds to uint8 between passes and at the end: about one level off the spec,
+    # i.e. 1/255/std in normalised units; plus the storage precision of the dtype.
+    level = 1.0 / 255 / std
+    precision = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    assert np.all(np.abs(got - ref) <= 1.01 * level + precision * np.abs(ref) + 1e-6)
+
+
+def test_bfloat16_bits_are_round_to_nearest_even_of_float32(photos: list[Photo]) -> None:
+    import torch
+
+    t = EvalTransform(56)
+    image = decode(photos[0].data)
+    p = t.make_params(image.height, image.width, np.random.default_rng(0))
+    f32 = np.empty((3, 56, 56), np.float32)
+    bf16 = np.empty((3, 56, 56), np.uint16)
+    transform_into(image, p, f32, mean=t.mean, std=t.std, dtype="float32")
+    transform_into(image, p, bf16, mean=t.mean, std=t.std, dtype="bfloat16")
+    expected = torch.from_numpy(f32).to(torch.bfloat16).view(torch.int16).numpy()
+    assert np.array_equal(bf16.view(np.int16), expected)
+
+
+def test_float16_is_the_rounded_float32(photos: list[Photo]) -> None:
+    t = EvalTransform(56)
+    image = decode(photos[0].data)
+    p = t.make_params(image.height, image.width, np.random.default_rng(0))
+    f32 = np.empty((3, 56, 56), np.float32)
+    f16 = np.empty((3, 56, 56), np.float16)
+    transform_into(image, p, f32, mean=t.mean, std=t.std, dtype="float32")
+    transform_into(image, p, f16, mean=t.mean, std=t.std, dtype="float16")
+    assert np.array_equal(f16, f32.astype(np.float16))
+
+
+def test_plain_array_input_and_slot_of_a_batch(photos: list[Photo]) -> None:
+    t = TrainTransform(40)
+    image = decode(photos[2].data)
+    p = t.make_params(image.height, image.width, np.random.default_rng(3))
+    batch = np.zeros((4, 3, 40, 40), np.float32)
+    transform_into(image, p, batch[2], mean=t.mean, std=t.std, dtype="float32")
+    alone = np.empty((3, 40, 40), np.float32)
+    transform_into(
+        np.ascontiguousarray(image.array), p, alone, mean=t.mean, std=t.std, dtype="float32"
+    )
+    assert np.array_equal(batch[2], alone)
+    assert not batch[[0, 1, 3]].any()  # neighbouring slots untouched
+
+
+def test_input_image_is_not_modified(photos: list[Photo]) -> None:
+    image = decode(photos[0].data)
+    before = image.array.copy()
+    out = np.empty((3, 32, 32), np.float32)
+    transform_into(
+        image,
+        CropParams(0, 0, 50, 60, flip=True),
+        out,
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        dtype="float32",
+    )
+    assert np.array_equal(image.array, before)
+
+
+@pytest.mark.parametrize(
+    ("out", "dtype", "match"),
+    [
+        (np.empty((3, 8, 8), np.float64), "float32", "float32"),
+        (np.empty((8, 8, 3), np.float32), "float32", r"\[3, H, W\]"),
+        (np.empty((3, 8, 8), np.float32), "float64", "dtype"),
+        (np.empty((3, 8, 8), np.float32), "bfloat16", "int16 or uint16"),
+    ],
+)
+def test_bad_out_is_rejected(photos: list[Photo], out: np.ndarray, dtype: str, match: str) -> None:
+    image = decode(photos[0].data)
+    with pytest.raises(ValueError, match=match):
+        transform_into(
+            image, CropParams(0, 0, 10, 10), out, mean=(0,) * 3, std=(1,) * 3, dtype=dtype
+        )  # type: ignore[arg-type]
+
+
+def test_box_outside_the_image_is_an_error(photos: list[Photo]) -> None:
+    image = decode(photos[0].data)
+    out = np.empty((3, 8, 8), np.float32)
+    with pytest.raises(ValueError, match="exceeds"):
+        transform_into(
+            image,
+            CropParams(0, 0, image.height + 5, 10),
+            out,
+            mean=(0,) * 3,
+            std=(1,) * 3,
+            dtype="float32",
+        )
+
+
+def test_load_into_raises_decode_error_with_key() -> None:
+    out = np.empty((3, 8, 8), np.float32)
+    for data in (b"", b"not an image", b"\xff\xd8\xff\xe0\x00\x10JFIF"):
+        with pytest.raises(DecodeError, match="shard-3/k42"):
+            load_into(
+                data,
+                EvalTransform(8),
+                np.random.default_rng(0),
+                out,
+                dtype="float32",
+                key="shard-3/k42",
+            )
