@@ -59,19 +59,29 @@ def _nvrtc():  # type: ignore[no-untyped-def]
     return nvrtc
 
 
-@pytest.mark.parametrize("arch", ARCHES)
+# What cupy.RawModule appends to the loader's options: `-ftz=true` always, then
+# `-arch=sm_XX` (a cubin) when NVRTC knows the device, else `-arch=compute_XX` (PTX).
+CUPY_ADDED = ("-ftz=true",)
+
+
+@pytest.mark.parametrize("target", [f"{kind}_{a}" for a in ARCHES for kind in ("sm", "compute")])
 @pytest.mark.parametrize("source", KERNEL_SOURCES)
-def test_nvrtc_compiles_with_the_loader_options(source: str, arch: str) -> None:
+def test_nvrtc_compiles_with_the_loader_options(source: str, target: str) -> None:
     nvrtc = _nvrtc()
     options = nvrtc_options()
     assert options[: len(NVRTC_OPTIONS)] == NVRTC_OPTIONS
-    # CuPy's RawModule adds only the architecture to the options the loader passes.
     program = nvrtc.createProgram(read_kernel(source), source, [], [])
     try:
         try:
-            nvrtc.compileProgram(program, [*options, f"-arch=compute_{arch}"])
+            nvrtc.compileProgram(program, [*options, *CUPY_ADDED, f"-arch={target}"])
         except nvrtc.NVRTCError as exc:
             pytest.fail(f"NVRTC failed on {source}: {exc}\n{nvrtc.getProgramLog(program)}")
+        if target.startswith("sm_"):
+            binary = bytes(nvrtc.getCUBIN(program))
+            assert binary[:4] == b"\x7fELF"
+            for name in KERNEL_NAMES.values():
+                assert name.encode() in binary
+            return
         ptx = nvrtc.getPTX(program)
     finally:
         nvrtc.destroyProgram(program)
