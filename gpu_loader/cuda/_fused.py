@@ -73,8 +73,10 @@ def _as_cupy_stream(cupy: Any, stream: Any) -> Any:
         return cupy.cuda.get_current_stream()
     if isinstance(stream, cupy.cuda.Stream | cupy.cuda.ExternalStream):
         return stream
-    ptr = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", None)
-    if ptr is None:
+    # torch.cuda.Stream has `cuda_stream`, other wrappers `ptr`; 0 (the legacy default
+    # stream) is a valid handle, so test for presence, not truthiness.
+    ptr = getattr(stream, "cuda_stream", getattr(stream, "ptr", None))
+    if not isinstance(ptr, int):
         raise TypeError(
             f"`stream` must be a cupy.cuda.Stream, a torch.cuda.Stream or None, got {stream!r}"
         )

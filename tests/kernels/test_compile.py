@@ -106,3 +106,29 @@ def test_emulation_library_exports_every_kernel() -> None:
     library = load_library()
     for name in KERNEL_NAMES.values():
         assert hasattr(library, f"emulated_{name}")
+
+
+def test_emulation_library_is_cached_by_source_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpu_loader.cuda._emulation as emulation
+
+    monkeypatch.setenv("GPU_LOADER_CACHE_DIR", str(tmp_path))
+    emulation.load_library.cache_clear()
+    try:
+        emulation.load_library()
+        built = sorted(p.name for p in (tmp_path / "emulation").iterdir())
+        assert len(built) == 1 and built[0].startswith("fused_resize-") and built[0].endswith(".so")
+        # A changed source gets its own library; a broken one says why.
+        original = emulation.read_kernel
+        monkeypatch.setattr(
+            emulation,
+            "read_kernel",
+            lambda name: original(name) + ("\nthis is not C++;\n" if name.endswith(".cu") else ""),
+        )
+        emulation.load_library.cache_clear()
+        with pytest.raises(RuntimeError, match=r"fused_resize\.cu failed"):
+            emulation.load_library()
+        assert sorted(p.name for p in (tmp_path / "emulation").iterdir()) == built
+    finally:
+        emulation.load_library.cache_clear()

@@ -163,6 +163,30 @@ def test_cuda_launcher_uses_the_given_stream(fake_cupy: Any) -> None:
     assert stream.entered == 1
 
 
+def test_cuda_launcher_wraps_a_foreign_stream_even_the_default_one(
+    fake_cupy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrapped: list[int] = []
+
+    class External(FakeStream):
+        def __init__(self, ptr: int) -> None:
+            super().__init__(ptr)
+            wrapped.append(ptr)
+
+    fake = fused.require("cupy", "")
+    monkeypatch.setattr(fake.cuda, "ExternalStream", External)
+    monkeypatch.setattr(fake.cuda, "Stream", type("OtherStream", (), {}))
+    out = np.zeros((1, 3, 2, 2), np.float32)
+    src = np.zeros((2, 6), np.uint8)
+    image = [(src.ctypes.data, 2, 2, 6)]
+    for handle in (types.SimpleNamespace(cuda_stream=0), types.SimpleNamespace(ptr=77)):
+        fused.launch_fused(
+            image, [(0, 0, 2, 2)], [False], out.ctypes.data, 2, 2, (0, 0, 0), (1, 1, 1),
+            "float32", handle,
+        )  # fmt: skip
+    assert wrapped == [0, 77]
+
+
 def test_cuda_launcher_refuses_a_non_stream(fake_cupy: Any) -> None:
     image = [(0x1000, 2, 2, 6)]
     with pytest.raises(TypeError, match="stream"):
