@@ -1,7 +1,7 @@
 """A float64 NumPy version of the fused kernel's function, written from transform-semantics.md.
 
 Independent of the kernel source: dense per-axis weight matrices built exactly as
-Pillow's ``precompute_coeffs`` does (Resample.c), then one einsum.
+Pillow's ``precompute_coeffs`` does (Resample.c), applied as two einsums.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def resize_one(
     top, left, bh, bw = (float(v) for v in box)
     wy = axis_weights(top, bh, out_h, image.shape[0])
     wx = axis_weights(left, bw, out_w, image.shape[1])
-    out = np.einsum("yh,hwc,xw->cyx", wy, image.astype(np.float64), wx)
+    rows = np.einsum("yh,hwc->ywc", wy, image.astype(np.float64))  # vertical pass
+    out = np.einsum("ywc,xw->cyx", rows, wx)  # horizontal pass
     return out[:, :, ::-1] if flip else out
 
 

@@ -192,3 +192,24 @@ def test_matches_the_cpu_path(dtype: OutputDtype, seed: int) -> None:
         want = as_float64(out, dtype)
         err = np.abs(got[i] - want)
         assert np.all(err <= level + rel * np.abs(want) + 1e-6), (i, float(err.max()))
+
+
+def test_imagenet_sized_crop_matches_pillow() -> None:
+    # One realistic case end to end: a 375x500 photo-like image, RandomResizedCrop-style
+    # fractional box, 224x224 output, flipped.
+    rng = np.random.default_rng(2024)
+    yy, xx = np.mgrid[0:375, 0:500]
+    smooth = np.stack([(xx * 0.5) % 256, (yy * 0.7) % 256, (xx + yy) % 256], axis=-1)
+    image = np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255).astype(np.uint8)
+    box = (31.25, 60.5, 300.0, 280.75)
+    case = Case(
+        [np.ascontiguousarray(image.reshape(375, 1500))], [500], np.array([box]),
+        np.array([True]), 224, 224, "uint8",
+    )  # fmt: skip
+    got = check_fused_kernel(RUN, case)[0].transpose(1, 2, 0).astype(int)
+    top, left, bh, bw = box
+    pil = Image.fromarray(image).resize(
+        (224, 224), Image.Resampling.BILINEAR, box=(left, top, left + bw, top + bh)
+    )
+    diff = np.abs(got - np.asarray(pil)[:, ::-1].astype(int))
+    assert diff.max() <= 1 and diff.mean() < 0.5
