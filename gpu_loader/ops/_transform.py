@@ -9,7 +9,7 @@ into the caller's slot, so the only full-size buffer is the decoded image itself
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,12 +56,46 @@ def transform_into(
         np.multiply(chw, scale, out=out)
         np.add(out, offset, out=out)
         return
-    tmp = np.multiply(chw, scale)
+    tmp = np.empty(out.shape, np.float32)  # C order (np.multiply would follow chw's HWC order)
+    np.multiply(chw, scale, out=tmp)
     tmp += offset
-    if dtype == "float16":
-        np.copyto(out, tmp, casting="same_kind")
+    cast_into(tmp, out, dtype)
+
+
+# torch runs an elementwise op on one thread below this many elements (at::internal::
+# GRAIN_SIZE); chunking keeps the cast off torch's intra-op pool, which would otherwise spin
+# up OpenMP teams inside every loader thread.
+_TORCH_CHUNK = 32768
+
+
+def cast_into(values: np.ndarray, out: np.ndarray, dtype: str, *, use_torch: bool = True) -> None:
+    """Cast float32 ``values`` into ``out`` as float16 or bfloat16 bits (round to nearest even).
+
+    torch's vectorised casts are ~10x faster than numpy's float16 conversion; numpy is the
+    fallback when torch is missing or ``out`` is not contiguous. ``values`` is clobbered.
+    """
+    torch = _torch() if use_torch else None
+    if torch is not None and out.flags.c_contiguous and values.flags.c_contiguous:
+        src = torch.from_numpy(values).view(-1)
+        if dtype == "float16":
+            dst = torch.from_numpy(out).view(-1)
+        else:
+            dst = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).view(-1)
+        for start in range(0, src.numel(), _TORCH_CHUNK):
+            dst[start : start + _TORCH_CHUNK].copy_(src[start : start + _TORCH_CHUNK])
+    elif dtype == "float16":
+        np.copyto(out, values, casting="same_kind")
     else:
-        np.copyto(out.view(np.uint16), float32_to_bfloat16_bits(tmp), casting="unsafe")
+        np.copyto(out.view(np.uint16), float32_to_bfloat16_bits(values), casting="unsafe")
+
+
+@functools.cache
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:

@@ -257,3 +257,17 @@ def test_load_into_raises_decode_error_with_key() -> None:
                 dtype="float32",
                 key="shard-3/k42",
             )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_and_numpy_casts_agree(dtype: str) -> None:
+    from gpu_loader.ops._transform import cast_into
+
+    values = np.random.default_rng(0).normal(0, 2, (3, 50, 70)).astype(np.float32)
+    values[0, 0, :4] = [1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, 1e-30]  # ties and tiny values
+    outs = []
+    for use_torch in (True, False):
+        out = np.full((3, 50, 70), 0x7FC1, np.int16 if dtype == "bfloat16" else np.float16)
+        cast_into(values.copy(), out, dtype, use_torch=use_torch)
+        outs.append(out.view(np.int16))
+    assert np.array_equal(outs[0], outs[1])
