@@ -213,3 +213,17 @@ def test_imagenet_sized_crop_matches_pillow() -> None:
     )
     diff = np.abs(got - np.asarray(pil)[:, ::-1].astype(int))
     assert diff.max() <= 1 and diff.mean() < 0.5
+
+
+def test_concurrent_emulated_launches_do_not_interfere() -> None:
+    # ctypes releases the GIL, and the emulated blockIdx/threadIdx are thread_local, so
+    # worker threads may each run the CPU stand-in at once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(8)
+    cases = [random_case(rng, "float32", n=3, max_side=60, max_out=40) for _ in range(6)]
+    serial = [RUN(c, 0) for c in cases]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda c: RUN(c, 0xFF), cases * 3))
+    for i, out in enumerate(parallel):
+        np.testing.assert_array_equal(out, serial[i % len(cases)])
