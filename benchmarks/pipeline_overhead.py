@@ -4,7 +4,7 @@ Shapes (all in one run, same machine, same process):
   (a) 3 no-op stages at concurrency 1 and 4: items/s;
   (b) one stage that waits 1 ms with the GIL released (time.sleep) at concurrency
       1, 8 and 32: efficiency = measured items/s / (concurrency / 1 ms).
-Each cell is the median of ``--repeats`` runs. Writes JSON with machine metadata.
+Each cell is the median of ``--repeats`` runs; engines take turns within each repeat. Writes JSON with machine metadata.
 
     .venv/bin/python benchmarks/pipeline_overhead.py            # full run (~2 min on 2 cores)
     .venv/bin/python benchmarks/pipeline_overhead.py --quick    # smoke run
@@ -137,11 +137,21 @@ def run_spdl(op: Callable[[Any], Any], stages: int, conc: int, n: int, order: st
     return elapsed
 
 
-def measure(runner: Callable[..., float], repeats: int, *args: Any) -> float:
-    """Median items/s over ``repeats`` runs (args[3] is the item count)."""
-    n = args[3]
-    rates = [n / runner(*args) for _ in range(repeats)]
-    return statistics.median(rates)
+def measure_round_robin(
+    engines: list[tuple[str, Callable[..., float], int]], repeats: int, *args: Any
+) -> dict[str, float]:
+    """Median items/s per engine; engines take turns each repeat so load drift hits all alike.
+
+    ``args`` are (op, stages, concurrency, order); the item count comes from ``engines``,
+    or from ``n_override`` when given as a fifth arg.
+    """
+    op, stages, conc, order, *rest = args
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in engines}
+    for _ in range(repeats):
+        for name, runner, n in engines:
+            n = rest[0] if rest else n
+            rates[name].append(n / runner(op, stages, conc, n, order))
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def metadata_block() -> dict[str, Any]:
@@ -154,6 +164,8 @@ def metadata_block() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
+        # Other jobs on a shared machine skew every engine; the load says how much.
+        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "python": sys.version.split()[0],
         "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
         "platform": platform.platform(),
@@ -166,7 +178,7 @@ def metadata_block() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few items, one repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-spdl", action="store_true", help="skip SPDL (not installed)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -185,8 +197,9 @@ def main() -> None:
 
     for conc in (1, 4):
         for order in ("completion", "input"):
-            for engine, runner, n in engines:
-                rate = measure(runner, repeats, noop, 3, conc, n, order)
+            rates = measure_round_robin(engines, repeats, noop, 3, conc, order)
+            for engine, _, n in engines:
+                rate = rates[engine]
                 rows.append(
                     {
                         "shape": "a: 3 no-op stages",
@@ -204,8 +217,9 @@ def main() -> None:
     for conc in (1, 8, 32):
         ideal = conc / WAIT_S
         n_wait = max(int(ideal * 0.6 * scale), 200)
-        for engine, runner, _ in engines:
-            rate = measure(runner, repeats, wait_1ms, 1, conc, n_wait, "completion")
+        rates = measure_round_robin(engines, repeats, wait_1ms, 1, conc, "completion", n_wait)
+        for engine, _, _ in engines:
+            rate = rates[engine]
             rows.append(
                 {
                     "shape": "b: 1 stage, 1 ms GIL-free wait",
