@@ -8,6 +8,7 @@ order, outside the lock. A window semaphore caps items taken but not yet handed 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,15 +38,21 @@ class OrderedPipeStage(PipeStage):
     ) -> None:
         inq = self.inq
         assert inq is not None
-        get, occupancy, add_task = inq.get, inq.occupancy, counters.add_task
+        q_get, in_deque, add_task = inq.q.get, inq.q.queue, counters.add_task
         generator = self.spec.is_generator
         pc = time.perf_counter
+        stopping = inq.stop.is_set
         while True:
-            occ = occupancy()
+            if stopping():
+                raise Stopped
+            occ = len(in_deque)
             t0 = pc()
             self._acquire_window(inq)
             with self._take_lock:
-                item = get()
+                try:  # direct get; the stop-aware Channel.get only after a poll period
+                    item = q_get(timeout=POLL_S)
+                except queue.Empty:
+                    item = inq.get()
                 seq = self._next_take
                 self._next_take += 1
             t1 = pc()
@@ -88,5 +95,8 @@ class OrderedPipeStage(PipeStage):
                 self._next_out += 1
             # Put outside the lock: others keep depositing while we wait on backpressure.
             for value in ready:
-                out.put(value)
+                try:
+                    out.q.put(value, timeout=POLL_S)
+                except queue.Full:
+                    out.put(value)
             self._window.release()

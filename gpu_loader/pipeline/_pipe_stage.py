@@ -8,12 +8,13 @@ per-thread state, failure recording, end of stream, and the slow lane.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._channel import EOS, Channel, Stopped
+from ._channel import EOS, POLL_S, Channel, Stopped
 from ._defs import SKIP, PipeSpec
 from ._errors import FailurePolicy, FailureRecord, add_note, item_key
 from ._runtime import as_failure
@@ -134,13 +135,21 @@ class PipeStage(Stage):
     ) -> None:
         inq, out = self.inq, self.out
         assert inq is not None and out is not None
-        get, put, occupancy = inq.get, out.put, inq.occupancy
+        # The hot path talks to the queues directly (no Channel frames) and falls back to
+        # the stop-aware Channel methods only when a wait runs past one poll period.
+        in_q, out_q, stopping = inq.q, out.q, inq.stop.is_set
+        in_deque, q_get, q_put = in_q.queue, in_q.get, out_q.put
         add_task, generator, lane = counters.add_task, self.spec.is_generator, self._lane
         pc = time.perf_counter
+        t0 = pc()
         while True:
-            occ = occupancy()
-            t0 = pc()
-            item = get()
+            if stopping():
+                raise Stopped
+            occ = len(in_deque)
+            try:
+                item = q_get(timeout=POLL_S)
+            except queue.Empty:
+                item = inq.get()
             t1 = pc()
             if item is EOS:
                 self.saw_eos(inq)
@@ -153,16 +162,16 @@ class PipeStage(Stage):
                 result = self.failed(item, exc)
             t2 = pc()
             moved = lane.task_done(slot) if lane is not None and slot is not None else False
-            if result is SKIP:
-                add_task(t2 - t1, t1 - t0, 0.0, occ, True)
-            else:
-                if result is not _DROPPED:
-                    if generator:
-                        for r in result:
-                            put(r)
-                    else:
-                        put(result)
-                add_task(t2 - t1, t1 - t0, pc() - t2, occ, False)
+            skipped = result is SKIP
+            if not skipped and result is not _DROPPED:
+                for value in result if generator else (result,):
+                    try:
+                        q_put(value, timeout=POLL_S)
+                    except queue.Full:
+                        out.put(value)
+            t3 = pc()
+            add_task(t2 - t1, t1 - t0, t3 - t2, occ, skipped)
+            t0 = t3  # the next wait for input starts here
             if moved:
                 return  # a slow-lane worker exits after its one task
 

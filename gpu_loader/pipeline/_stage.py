@@ -6,11 +6,12 @@ downstream exactly once after its last item, and reports errors through the runt
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from ._channel import EOS, Channel, Stopped
+from ._channel import EOS, POLL_S, Channel, Stopped
 from ._runtime import Runtime, as_failure
 from ._stats import StageCounters, StageStats, percentile
 
@@ -96,18 +97,26 @@ class SourceStage(Stage):
         out = self.out
         assert out is not None
         counters = self.counters.new_worker()
-        pc = time.perf_counter
+        add_task, pc = counters.add_task, time.perf_counter
+        q_put, stopping = out.q.put, out.stop.is_set
         try:
             it = iter(self._iterable)
             sentinel = object()
+            t0 = pc()
             while True:
-                t0 = pc()
                 item = next(it, sentinel)
                 t1 = pc()
                 if item is sentinel:
                     break
-                out.put(item)
-                counters.add_task(t1 - t0, 0.0, pc() - t1, 0, False)
+                if stopping():
+                    raise Stopped
+                try:  # direct put; the stop-aware Channel.put only after a poll period
+                    q_put(item, timeout=POLL_S)
+                except queue.Full:
+                    out.put(item)
+                t2 = pc()
+                add_task(t1 - t0, 0.0, t2 - t1, 0, False)
+                t0 = t2
             out.put(EOS)
         finally:
             self.counters.retire(counters)
