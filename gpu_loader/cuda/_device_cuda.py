@@ -1,0 +1,126 @@
+"""The CUDA implementations of the device-runtime and kernel-launch ports (torch + CuPy).
+
+Written against torch's documented CUDA semantics: ``torch.cuda.Stream``, ``Event``,
+allocation under ``torch.cuda.stream(s)`` (the caching allocator ties the block to
+``s``), ``current_stream().wait_event`` and ``Tensor.record_stream``. No machine these
+were written on has a GPU: ``tests/gpu/`` runs them where one exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu_loader._optional import require
+from gpu_loader.cuda._gpu_stage import GpuPorts
+from gpu_loader.cuda._launch import ImageRef, OutputDtype
+from gpu_loader.cuda._nvimgcodec import GPU_BACKENDS, DecodeBackend, NvImageCodecDecoder
+from gpu_loader.cuda._ports import DeviceImage, Event
+
+if TYPE_CHECKING:
+    import torch
+
+
+class CudaRuntime:
+    """Streams, events and memory on one CUDA device, through torch."""
+
+    def __init__(self, device: str | int | torch.device = "cuda") -> None:
+        torch = require("torch", "the CUDA runtime port")
+        resolved = (
+            torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        )
+        if resolved.type != "cuda":
+            raise ValueError(f"`device` must be a CUDA device ('cuda', 'cuda:N'), got {device!r}")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        self._device = resolved
+        self._torch = torch
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def new_stream(self) -> torch.cuda.Stream:
+        return self._torch.cuda.Stream(device=self._device)
+
+    def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        event = self._torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def empty_output(
+        self, shape: tuple[int, ...], dtype: OutputDtype, stream: torch.cuda.Stream
+    ) -> torch.Tensor:
+        torch = self._torch
+        with torch.cuda.stream(stream):  # the block belongs to the worker's stream
+            return torch.empty(shape, dtype=getattr(torch, dtype), device=self._device)
+
+    def upload_image(self, array: np.ndarray, stream: torch.cuda.Stream) -> DeviceImage:
+        torch = self._torch
+        host = np.ascontiguousarray(array, dtype=np.uint8)
+        with torch.cuda.stream(stream):
+            # Pageable source: the copy is staged before `.to` returns, so `host` may go.
+            image = torch.from_numpy(host).to(self._device, non_blocking=True)
+        h, w = int(host.shape[0]), int(host.shape[1])
+        return DeviceImage(int(image.data_ptr()), h, w, 3 * w, owner=image)
+
+    def upload_labels(self, labels: np.ndarray, stream: torch.cuda.Stream) -> torch.Tensor:
+        torch = self._torch
+        host = np.ascontiguousarray(labels, dtype=np.int64)
+        with torch.cuda.stream(stream):
+            return torch.from_numpy(host).to(self._device, non_blocking=True)
+
+    def handoff(self, tensors: Sequence[torch.Tensor], event: Event) -> None:
+        current = self._torch.cuda.current_stream(self._device)
+        current.wait_event(event)  # type: ignore[arg-type]
+        for tensor in tensors:
+            tensor.record_stream(current)
+
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        # .numpy() shares the page-locked memory and keeps the tensor alive as its base.
+        pinned = self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=True)
+        return pinned.numpy()
+
+
+class CudaKernelLauncher:
+    """The kernel-launch port: ``gpu_loader.cuda._fused.launch_fused`` on ``device``'s CuPy device."""
+
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+
+    def launch(
+        self,
+        images: Sequence[ImageRef],
+        boxes: npt.ArrayLike,
+        flips: npt.ArrayLike,
+        out_ptr: int,
+        out_h: int,
+        out_w: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        dtype: OutputDtype,
+        stream: Any,
+    ) -> None:
+        from gpu_loader.cuda._fused import launch_fused
+
+        cupy = require("cupy", "the fused CUDA kernels")
+        with cupy.cuda.Device(self.device_index):
+            launch_fused(images, boxes, flips, out_ptr, out_h, out_w, mean, std, dtype, stream)
+
+
+def cuda_ports(
+    device: str | int | torch.device = "cuda",
+    *,
+    backends: Sequence[DecodeBackend] = GPU_BACKENDS,
+) -> GpuPorts:
+    """The CUDA implementations wired together for one device."""
+    runtime = CudaRuntime(device)
+    index = int(runtime.device.index or 0)
+    return GpuPorts(
+        runtime=runtime,
+        launcher=CudaKernelLauncher(index),
+        make_decoder=lambda: NvImageCodecDecoder(device_id=index, backends=backends),
+    )

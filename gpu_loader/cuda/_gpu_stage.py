@@ -1,0 +1,352 @@
+"""The GPU batch stage: fetched bytes -> batch decode -> fused kernel -> tensors + event.
+
+Two engine ops and a consumer-side call:
+
+- :class:`GpuFetcher` (the fetch stage, I/O threads): reads a sample's bytes straight into
+  a slice of the pinned arena, reads the JPEG header (``probe_size``, EXIF-oriented) and
+  draws the crop parameters there, on the CPU, from ``sample_rng(seed, epoch, index)``.
+- :class:`GpuBatchStage` (one engine ``pipe`` with ``worker_init``): each worker thread
+  owns one stream and one decoder, made once in :meth:`GpuBatchStage.worker_init`.
+  Per batch: decode all JPEGs in one call on the stream, decode the rest on the CPU
+  (``gpu_loader.ops.decode``) and upload them, allocate the output from torch's caching
+  allocator on the stream, launch the fused kernel, record the batch's event.
+- :func:`handoff` (the consumer's thread): its current stream waits on the event and
+  ``record_stream`` marks the tensors, then they are returned.
+
+Ordering, per batch (see docs/gpu.md): the arena slices are released after the worker
+thread has SYNCHRONISED an event recorded right after the decode (the kernel is
+enqueued first, so the device stays busy meanwhile); the decoded images and uploads stay
+referenced by the worker until the batch's event has fired (checked with ``query()``
+before each later batch, and waited for when the worker's state is dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from gpu_loader.cuda._arena import PinnedArena, Slice
+from gpu_loader.cuda._launch import OUTPUT_DTYPES, OutputDtype
+from gpu_loader.cuda._ports import BatchDecoder, DeviceImage, DeviceRuntime, Event, KernelLauncher
+from gpu_loader.ops import DEFAULT_MAX_PIXELS, CropParams, DecodeError, decode, probe_size
+from gpu_loader.sources import sample_rng
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpu_loader.ops import EvalTransform, TrainTransform
+    from gpu_loader.sources import SampleIndex
+
+Failure = tuple[int, str, BaseException]
+
+
+@dataclass(frozen=True)
+class GpuPorts:
+    """What the stage runs on: a runtime, a kernel launcher, and a decoder per worker thread."""
+
+    runtime: DeviceRuntime
+    launcher: KernelLauncher
+    make_decoder: Callable[[], BatchDecoder]
+    """Called once in each worker thread (decoders are never shared between threads)."""
+
+
+@dataclass(eq=False)
+class FetchedSample:
+    """One sample's bytes in the arena, with what the CPU knows before decoding."""
+
+    position: int
+    """Position in the epoch's order (what the batcher tracks)."""
+    index: int
+    """Index into the source (labels, random stream)."""
+    key: str
+    """The sample's key, for error messages."""
+    data: memoryview
+    """The encoded bytes: a view into ``slice`` (no copy)."""
+    slice: Slice | None = field(default=None, repr=False)
+    """The arena slice to release once decoded (None: the bytes are not from an arena)."""
+    params: CropParams | None = None
+    """Crop box and flip drawn on the oriented header size; None for non-JPEG input."""
+    size: tuple[int, int] | None = None
+    """(height, width) after EXIF orientation, from the JPEG header; None for non-JPEG."""
+    rng: np.random.Generator | None = field(default=None, repr=False)
+    """The sample's generator, still unused when ``params`` is None."""
+
+    def release(self) -> None:
+        """Give the arena slice back (idempotent)."""
+        if self.slice is not None and not self.slice.released:
+            self.slice.release()
+
+
+class _Task(Protocol):
+    position: int
+    index: int
+    key: str
+
+
+class GpuFetcher:
+    """The fetch op of the GPU path: bytes into the pinned arena, header, crop parameters.
+
+    A non-JPEG sample (no header size) gets its parameters after decoding, from the decoded
+    size and the same generator, exactly as the CPU path (``ops.load_into``) does.
+    """
+
+    def __init__(
+        self,
+        source: SampleIndex,
+        arena: PinnedArena,
+        transform: TrainTransform | EvalTransform,
+        *,
+        seed: int,
+        epoch: int,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        stop_event: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.source = source
+        self.arena = arena
+        self.transform = transform
+        self.seed = seed
+        self.epoch = epoch
+        self.max_pixels = max_pixels
+        self.stop_event = stop_event
+        self.timeout = timeout
+
+    def __call__(self, task: _Task) -> FetchedSample:
+        return self.fetch(task.position, task.index, task.key)
+
+    def fetch(self, position: int, index: int, key: str | None = None) -> FetchedSample:
+        key = self.source.key(index) if key is None else key
+        piece, data = self.arena.fetch(
+            self.source, index, key=key, timeout=self.timeout, stop_event=self.stop_event
+        )
+        try:
+            size = probe_size(data, key=key)
+            rng = sample_rng(self.seed, self.epoch, index)
+            params = None
+            if size is not None:
+                check_pixels(key, size, self.max_pixels)
+                params = self.transform.make_params(size[0], size[1], rng)
+        except BaseException:
+            piece.release()
+            raise
+        return FetchedSample(position, index, key, data, piece, params, size, rng)
+
+
+def check_pixels(key: str, size: tuple[int, int], max_pixels: int) -> None:
+    """Refuse decompression bombs from the header, before any pixel memory is allocated."""
+    height, width = size
+    if height * width > max_pixels:
+        raise DecodeError(
+            f"cannot decode image {key!r}: {height}x{width} = {height * width:,} pixels exceeds "
+            f"max_pixels={max_pixels:,} (decompression-bomb guard); if the image is legitimate, "
+            f"pass max_pixels >= {height * width}"
+        )
+
+
+@dataclass(eq=False)
+class GpuBatch:
+    """The stage's output: images and labels on the device, ready once ``event`` fires."""
+
+    images: torch.Tensor
+    """``[N, 3, H, W]`` of the requested dtype; N counts the samples that did not fail."""
+    labels: torch.Tensor
+    """``[N]`` int64, on the device."""
+    positions: list[int]
+    """Epoch positions of the N samples, in ``images`` order."""
+    keys: list[str]
+    """Their keys."""
+    event: Event
+    """Recorded on the worker's stream after the kernel and the label copy."""
+    failed: list[Failure]
+    """(position, key, exception) for each sample that neither decoder could decode."""
+    runtime: DeviceRuntime = field(repr=False)
+    handed_off: bool = False
+
+
+def handoff(batch: GpuBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Consumer side: make the current stream wait on the batch's event, ``record_stream``
+    the tensors on it, return (images, labels). Call it in the thread that uses them."""
+    if not batch.handed_off:
+        batch.runtime.handoff([batch.images, batch.labels], batch.event)
+        batch.handed_off = True
+    return batch.images, batch.labels
+
+
+@dataclass(eq=False)
+class WorkerState:
+    """One worker thread's stream, decoder, and what must outlive its in-flight kernels."""
+
+    stream: Any
+    decoder: BatchDecoder
+    pending: collections.deque[tuple[Event, list[object]]] = field(
+        default_factory=collections.deque
+    )
+
+    def reap(self) -> None:
+        """Drop the keep-alives of batches whose event has fired (oldest first)."""
+        while self.pending and self.pending[0][0].query():
+            self.pending.popleft()
+
+
+def _drain(pending: collections.deque[tuple[Event, list[object]]]) -> None:
+    # Runs when a worker's state is dropped: its last kernels may still read the images.
+    while pending:
+        event, _ = pending[0]
+        event.synchronize()
+        pending.popleft()
+
+
+class GpuBatchStage:
+    """The engine op ``stage(samples, state) -> GpuBatch`` with ``worker_init=stage.worker_init``.
+
+    ``labels`` are the source's labels (indexed by ``FetchedSample.index``).
+    """
+
+    def __init__(
+        self,
+        ports: GpuPorts,
+        transform: TrainTransform | EvalTransform,
+        labels: np.ndarray,
+        *,
+        dtype: OutputDtype = "float32",
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        if dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"`dtype` must be one of {list(OUTPUT_DTYPES)}, got {dtype!r}")
+        self.ports = ports
+        self.transform = transform
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.dtype: OutputDtype = dtype
+        self.max_pixels = max_pixels
+
+    def worker_init(self) -> WorkerState:
+        state = WorkerState(self.ports.runtime.new_stream(), self.ports.make_decoder())
+        weakref.finalize(state, _drain, state.pending)
+        return state
+
+    def handoff(self, batch: GpuBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return handoff(batch)
+
+    def __call__(self, samples: Sequence[FetchedSample], state: WorkerState) -> GpuBatch:
+        runtime, stream = self.ports.runtime, state.stream
+        state.reap()
+        try:
+            decoded = self._decode_jpegs(samples, state)
+            images, boxes, flips, done, failed = self._collect(samples, decoded, stream)
+            batch = self._launch(images, boxes, flips, done, failed, stream)
+            # Only the decode must have passed, but waiting on a fresh event covers the
+            # error paths too; the kernel is already enqueued, so the device stays busy.
+            runtime.record_event(stream).synchronize()
+        except BaseException:
+            runtime.record_event(stream).synchronize()
+            raise
+        finally:
+            for sample in samples:
+                sample.release()
+        keep: list[object] = [im for im in decoded if im is not None]
+        keep += [im for im in images]
+        state.pending.append((batch.event, keep))
+        return batch
+
+    # -- steps ---------------------------------------------------------------------------
+    def _decode_jpegs(
+        self, samples: Sequence[FetchedSample], state: WorkerState
+    ) -> list[DeviceImage | None]:
+        """One batch decode for the samples with a JPEG header; None for the others."""
+        which = [i for i, s in enumerate(samples) if s.params is not None]
+        out: list[DeviceImage | None] = [None] * len(samples)
+        if not which:
+            return out
+        try:
+            results = state.decoder.decode([samples[i].data for i in which], state.stream)
+        except Exception:  # the whole call failed: every sample tries the CPU decoder
+            return out
+        if len(results) != len(which):
+            raise RuntimeError(
+                f"the batch decoder returned {len(results)} images for {len(which)} inputs"
+            )
+        for i, image in zip(which, results, strict=True):
+            out[i] = image
+        return out
+
+    def _collect(
+        self,
+        samples: Sequence[FetchedSample],
+        decoded: list[DeviceImage | None],
+        stream: Any,
+    ) -> tuple[
+        list[DeviceImage], list[tuple[float, ...]], list[bool], list[FetchedSample], list[Failure]
+    ]:
+        images: list[DeviceImage] = []
+        boxes: list[tuple[float, ...]] = []
+        flips: list[bool] = []
+        done: list[FetchedSample] = []
+        failed: list[Failure] = []
+        for sample, image in zip(samples, decoded, strict=True):
+            try:
+                params = sample.params
+                if image is None or (image.height, image.width) != sample.size:
+                    # nvImageCodec could not decode it (or gave another geometry than the
+                    # oriented header): the CPU decoder handles EXIF, CMYK, PNG, ...
+                    image, params = self._fallback(sample, stream)
+            except Exception as exc:
+                exc.add_note(f"stage: gpu_batch, sample: {sample.key}")
+                failed.append((sample.position, sample.key, exc))
+                continue
+            if params is None:  # unreachable: the header or the fallback sets it
+                raise RuntimeError(f"no crop parameters for sample {sample.key!r}")
+            images.append(image)
+            boxes.append((params.top, params.left, params.height, params.width))
+            flips.append(params.flip)
+            done.append(sample)
+        return images, boxes, flips, done, failed
+
+    def _fallback(self, sample: FetchedSample, stream: Any) -> tuple[DeviceImage, CropParams]:
+        host = decode(sample.data, key=sample.key, max_pixels=self.max_pixels)
+        params = sample.params
+        if params is None:
+            rng = sample.rng if sample.rng is not None else np.random.default_rng(sample.index)
+            params = self.transform.make_params(host.height, host.width, rng)
+        return self.ports.runtime.upload_image(host.array, stream), params
+
+    def _launch(
+        self,
+        images: list[DeviceImage],
+        boxes: list[tuple[float, ...]],
+        flips: list[bool],
+        done: list[FetchedSample],
+        failed: list[Failure],
+        stream: Any,
+    ) -> GpuBatch:
+        runtime = self.ports.runtime
+        out_h, out_w = self.transform.output_size
+        out = runtime.empty_output((len(images), 3, out_h, out_w), self.dtype, stream)
+        if images:
+            self.ports.launcher.launch(
+                [im.ref for im in images],
+                np.asarray(boxes, dtype=np.float64),
+                np.asarray(flips, dtype=bool),
+                int(out.data_ptr()),
+                out_h,
+                out_w,
+                self.transform.mean,
+                self.transform.std,
+                self.dtype,
+                stream,
+            )
+        labels = runtime.upload_labels(self.labels[[s.index for s in done]], stream)
+        return GpuBatch(
+            images=out,
+            labels=labels,
+            positions=[s.position for s in done],
+            keys=[s.key for s in done],
+            event=runtime.record_event(stream),
+            failed=failed,
+            runtime=runtime,
+        )

@@ -1,0 +1,102 @@
+"""The batch-decode port on nvImageCodec: one ``nvimgcodec.Decoder`` per worker thread.
+
+On a GPU the decoder uses the hardware JPEG engine and the CUDA backend only
+(``HW_GPU_ONLY``, ``GPU_ONLY``) and decodes the whole batch on the worker's stream;
+images those backends cannot handle come back as None and the stage decodes them on
+the CPU. On a machine without a GPU the same class runs nvImageCodec's CPU backend:
+that needs BOTH ``device_id=NVIMGCODEC_DEVICE_CPU_ONLY`` and a ``CPU_ONLY`` backend
+(either alone fails for lack of a driver), and it is what the CPU suite runs.
+
+``CodeStream(np.frombuffer(blob))`` does not copy: nvImageCodec reads the arena slice
+itself, so the caller keeps the slice until the stream has passed the decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from gpu_loader._optional import require
+from gpu_loader.cuda._ports import DeviceImage
+
+DecodeBackend = Literal["hw_gpu", "gpu", "hybrid", "cpu"]
+GPU_BACKENDS: tuple[DecodeBackend, ...] = ("hw_gpu", "gpu")
+_KINDS = {"hw_gpu": "HW_GPU_ONLY", "gpu": "GPU_ONLY", "hybrid": "HYBRID_CPU_GPU", "cpu": "CPU_ONLY"}
+
+
+class NvImageCodecDecoder:
+    """Decodes lists of encoded images to HWC uint8 RGB, EXIF orientation applied.
+
+    ``device_id=None`` selects nvImageCodec's CPU-only mode (and the CPU backend);
+    otherwise ``backends`` picks among hardware, CUDA and hybrid decoding. Not
+    thread-safe: make one per worker thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_id: int | None = 0,
+        backends: Sequence[DecodeBackend] = GPU_BACKENDS,
+        max_cpu_threads: int = 0,
+    ) -> None:
+        nvimgcodec = require("nvidia.nvimgcodec", "GPU batch decode")
+        if device_id is None:
+            backends = ("cpu",)
+        unknown = [b for b in backends if b not in _KINDS]
+        if not backends or unknown:
+            raise ValueError(
+                f"`backends` must be a non-empty subset of {list(_KINDS)}, got {backends!r}"
+            )
+        kinds = [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, _KINDS[b])) for b in backends]
+        device = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY if device_id is None else device_id
+        self.on_host = device_id is None
+        self._nvimgcodec = nvimgcodec
+        self._decoder = nvimgcodec.Decoder(
+            device_id=device, max_num_cpu_threads=max_cpu_threads, backends=kinds
+        )
+        # sRGB, interleaved RGB (grey is replicated), EXIF orientation applied: the CPU
+        # path's conventions, so crop boxes drawn on probe_size() fit the decoded image.
+        self._params = nvimgcodec.DecodeParams(
+            apply_exif_orientation=True,
+            color_spec=nvimgcodec.ColorSpec.SRGB,
+            sample_format=nvimgcodec.SampleFormat.I_RGB,
+        )
+
+    def decode_images(self, blobs: Sequence[memoryview], stream: Any) -> list[Any]:
+        """nvImageCodec ``Image`` objects (None where decoding failed), in blob order."""
+        if not blobs:
+            return []
+        code_streams = [self._nvimgcodec.CodeStream(np.frombuffer(b, np.uint8)) for b in blobs]
+        images = self._decoder.decode(
+            code_streams, params=self._params, cuda_stream=stream_handle(stream)
+        )
+        return list(images)
+
+    def decode(self, blobs: Sequence[memoryview], stream: Any) -> list[DeviceImage | None]:
+        return [
+            None if im is None else as_device_image(im) for im in self.decode_images(blobs, stream)
+        ]
+
+
+def stream_handle(stream: Any) -> int:
+    """The ``cudaStream_t`` of a torch or CuPy stream as an int (0: the legacy default)."""
+    if stream is None:
+        return 0
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:
+        handle = getattr(stream, "ptr", 0)
+    return int(handle)
+
+
+def as_device_image(image: Any) -> DeviceImage | None:
+    """Wrap an nvImageCodec ``Image`` (device or host buffer); None if it is not HWC RGB uint8."""
+    on_device = "DEVICE" in str(image.buffer_kind)  # STRIDED_DEVICE vs STRIDED_HOST
+    iface = image.__cuda_array_interface__ if on_device else image.__array_interface__
+    shape = tuple(iface["shape"])
+    if len(shape) != 3 or shape[2] != 3 or np.dtype(iface["typestr"]) != np.uint8:
+        return None
+    strides = iface.get("strides")
+    pitch = int(strides[0]) if strides else 3 * int(shape[1])
+    return DeviceImage(int(iface["data"][0]), int(shape[0]), int(shape[1]), pitch, owner=image)

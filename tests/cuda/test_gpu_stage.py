@@ -1,0 +1,101 @@
+"""The GPU batch stage end to end on the CPU stand-ins: real files -> arena -> nvImageCodec
+(CPU backend) batch decode with CPU fallback -> emulated fused kernel -> hand-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_loader.cuda._arena import PinnedArena
+from gpu_loader.cuda._gpu_stage import GpuBatch, handoff
+from gpu_loader.cuda._standin_device import StandinRuntime
+from gpu_loader.ops import DecodeError
+from tests.cuda.conftest import BAD, OUT, Dataset, fetch_all, make_stage, reference
+
+
+def run_batch(
+    dataset: Dataset, dtype: str = "float32", indices: list[int] | None = None
+) -> tuple[GpuBatch, StandinRuntime, PinnedArena, list[tuple[int, BaseException]]]:
+    stage, runtime = make_stage(dataset.source.labels, dtype)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True)
+    todo = list(range(len(dataset.names))) if indices is None else indices
+    samples, fetch_failed = fetch_all(dataset.source, arena, todo)
+    state = stage.worker_init()
+    batch = stage(samples, state)
+    return batch, runtime, arena, fetch_failed
+
+
+def test_every_good_image_matches_the_cpu_path(dataset: Dataset) -> None:
+    batch, runtime, arena, fetch_failed = run_batch(dataset)
+    images, labels = handoff(batch)
+    host = runtime.to_host(images).numpy()
+    assert runtime.violations == []
+    delivered = {key.rsplit("/", 1)[-1] for key in batch.keys}
+    good = {n for n in dataset.names if n not in BAD}
+    assert delivered == good
+    assert images.shape == (len(good), 3, OUT, OUT)
+    for row, (position, key) in enumerate(zip(batch.positions, batch.keys, strict=True)):
+        index = position  # fetched in index order
+        expected = reference((dataset.root / dataset.names[index]).read_bytes(), index)
+        diff = np.abs(host[row] - expected).max()
+        # Same weights and parameters; the kernel rounds in float32 like the CPU path,
+        # so one 8-bit level (1/255/std = 0.0175) bounds the difference.
+        assert diff < 0.02, (key, diff)
+    assert runtime.to_host(labels).tolist() == [int(dataset.source.labels[p]) for p in batch.positions]
+    assert arena.stats().in_use == 0 and arena.stats().live_slices == 0
+
+
+def test_bad_inputs_fail_with_their_key(dataset: Dataset) -> None:
+    batch, runtime, _, fetch_failed = run_batch(dataset)
+    failed_keys = {key.rsplit("/", 1)[-1] for _, key, _ in batch.failed}
+    fetch_keys = {dataset.names[i] for i, _ in fetch_failed}
+    # A JPEG whose header cannot be read fails at fetch (as on the CPU path); a truncated
+    # one decodes to None in nvImageCodec, then fails in the CPU fallback too.
+    assert fetch_keys == {"garbage.jpg"}
+    assert failed_keys == {"truncated.jpg", "text.jpg", "empty.jpg"}
+    for _, key, exc in batch.failed:
+        assert isinstance(exc, DecodeError)
+        assert key in str(exc)
+        assert any("stage: gpu_batch" in note for note in exc.__notes__)
+    handoff(batch)
+    runtime.synchronize()
+    assert runtime.violations == []
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "bfloat16"])
+def test_output_dtypes(dataset: Dataset, dtype: str) -> None:
+    import torch
+
+    good = [i for i, n in enumerate(dataset.names) if n.endswith(".jpg") and n not in BAD][:3]
+    batch, runtime, _, _ = run_batch(dataset, dtype, good)
+    images, _ = handoff(batch)
+    host = runtime.to_host(images)
+    assert host.dtype == getattr(torch, dtype)
+    for row, index in enumerate(good):
+        data = (dataset.root / dataset.names[index]).read_bytes()
+        if dtype == "uint8":
+            diff = np.abs(host[row].numpy().astype(int) - reference(data, index, "uint8").astype(int))
+            assert diff.max() <= 1
+        else:
+            diff = np.abs(host[row].float().numpy() - reference(data, index))
+            assert diff.max() < (0.03 if dtype == "float16" else 0.05)
+
+
+def test_all_failed_batch_is_empty_but_well_formed(dataset: Dataset) -> None:
+    bad = [dataset.names.index(n) for n in ("truncated.jpg", "text.jpg")]
+    batch, runtime, arena, _ = run_batch(dataset, indices=bad)
+    images, labels = handoff(batch)
+    assert tuple(images.shape) == (0, 3, OUT, OUT) and tuple(labels.shape) == (0,)
+    assert len(batch.failed) == 2 and batch.positions == []
+    assert arena.stats().live_slices == 0
+
+
+def test_one_batch_decode_call_per_batch(dataset: Dataset) -> None:
+    stage, runtime = make_stage(dataset.source.labels)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    samples, _ = fetch_all(dataset.source, arena, list(range(len(dataset.names))))
+    state = stage.worker_init()
+    stage(samples, state)
+    jpegs = sum(s.params is not None for s in samples)
+    assert state.decoder.calls == 1  # type: ignore[attr-defined]
+    assert state.decoder.sizes == [jpegs]  # type: ignore[attr-defined]
