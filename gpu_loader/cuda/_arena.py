@@ -54,7 +54,7 @@ class Slice:
     @property
     def view(self) -> memoryview:
         """A writable memoryview of the reserved bytes (for ``readinto``)."""
-        return memoryview(self.buffer)
+        return memoryview(self.buffer)  # type: ignore[arg-type]  # ndarray is a buffer
 
     def release(self) -> None:
         """Give the bytes back to the arena (once)."""

@@ -28,7 +28,9 @@ class CudaRuntime:
     """Streams, events and memory on one CUDA device, through torch."""
 
     def __init__(self, device: str | int | torch.device = "cuda") -> None:
-        torch = require("torch", "the CUDA runtime port")
+        require("torch", "the CUDA runtime port")
+        import torch
+
         resolved = (
             torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
         )
@@ -37,29 +39,34 @@ class CudaRuntime:
         if resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
         self._device = resolved
-        self._torch = torch
 
     @property
     def device(self) -> torch.device:
         return self._device
 
     def new_stream(self) -> torch.cuda.Stream:
-        return self._torch.cuda.Stream(device=self._device)
+        import torch
+
+        return torch.cuda.Stream(device=self._device)  # type: ignore[no-untyped-call]
 
     def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        event = self._torch.cuda.Event()
+        import torch
+
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(stream)
         return event
 
     def empty_output(
         self, shape: tuple[int, ...], dtype: OutputDtype, stream: torch.cuda.Stream
     ) -> torch.Tensor:
-        torch = self._torch
+        import torch
+
         with torch.cuda.stream(stream):  # the block belongs to the worker's stream
             return torch.empty(shape, dtype=getattr(torch, dtype), device=self._device)
 
     def upload_image(self, array: np.ndarray, stream: torch.cuda.Stream) -> DeviceImage:
-        torch = self._torch
+        import torch
+
         host = np.ascontiguousarray(array, dtype=np.uint8)
         with torch.cuda.stream(stream):
             # Pageable source: the copy is staged before `.to` returns, so `host` may go.
@@ -68,20 +75,25 @@ class CudaRuntime:
         return DeviceImage(int(image.data_ptr()), h, w, 3 * w, owner=image)
 
     def upload_labels(self, labels: np.ndarray, stream: torch.cuda.Stream) -> torch.Tensor:
-        torch = self._torch
+        import torch
+
         host = np.ascontiguousarray(labels, dtype=np.int64)
         with torch.cuda.stream(stream):
             return torch.from_numpy(host).to(self._device, non_blocking=True)
 
     def handoff(self, tensors: Sequence[torch.Tensor], event: Event) -> None:
-        current = self._torch.cuda.current_stream(self._device)
+        import torch
+
+        current = torch.cuda.current_stream(self._device)
         current.wait_event(event)  # type: ignore[arg-type]
         for tensor in tensors:
             tensor.record_stream(current)
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
         # .numpy() shares the page-locked memory and keeps the tensor alive as its base.
-        pinned = self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=True)
+        import torch
+
+        pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return pinned.numpy()
 
 

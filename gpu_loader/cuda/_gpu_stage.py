@@ -236,19 +236,24 @@ class GpuBatchStage:
     def __call__(self, samples: Sequence[FetchedSample], state: WorkerState) -> GpuBatch:
         runtime, stream = self.ports.runtime, state.stream
         state.reap()
+        decode_done: Event | None = None
         try:
             decoded = self._decode_jpegs(samples, state)
+            decode_done = runtime.record_event(stream)
             images, boxes, flips, done, failed = self._collect(samples, decoded, stream)
             batch = self._launch(images, boxes, flips, done, failed, stream)
-            # Only the decode must have passed, but waiting on a fresh event covers the
-            # error paths too; the kernel is already enqueued, so the device stays busy.
-            runtime.record_event(stream).synchronize()
         except BaseException:
-            runtime.record_event(stream).synchronize()
+            decode_done = None  # on an error, wait for everything enqueued so far
             raise
         finally:
-            for sample in samples:
-                sample.release()
+            # The decoder may read the arena bytes until the stream passes the decode.
+            # The kernel is already enqueued behind it, so the device stays busy while
+            # this thread waits.
+            try:
+                (decode_done or runtime.record_event(stream)).synchronize()
+            finally:
+                for sample in samples:
+                    sample.release()
         keep: list[object] = [im for im in decoded if im is not None]
         keep += [im for im in images]
         state.pending.append((batch.event, keep))

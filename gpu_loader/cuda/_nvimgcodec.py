@@ -84,7 +84,7 @@ def stream_handle(stream: Any) -> int:
     """The ``cudaStream_t`` of a torch or CuPy stream as an int (0: the legacy default)."""
     if stream is None:
         return 0
-    handle = getattr(stream, "cuda_stream", None)
+    handle: Any = getattr(stream, "cuda_stream", None)
     if handle is None:
         handle = getattr(stream, "ptr", 0)
     return int(handle)

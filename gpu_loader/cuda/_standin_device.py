@@ -52,6 +52,9 @@ class StandinStream:
         self._ops: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
         self._enqueued = 0
         self._done = 0
+        # For each other stream, the latest position this stream waited for (an event):
+        # the happens-before the read checks use, independent of when ops happen to run.
+        self.waited: dict[StandinStream, int] = {}
 
     def __repr__(self) -> str:
         return f"StandinStream({self.name!r}, done {self._done}/{self._enqueued})"
@@ -84,7 +87,13 @@ class StandinStream:
 
     def wait_event(self, event: StandinEvent) -> None:
         """Later ops on this stream run only after ``event`` (``cudaStreamWaitEvent``)."""
-        self.enqueue(event.synchronize)
+        with self._lock:
+            self.waited[event.stream] = max(self.waited.get(event.stream, 0), event.seq)
+            self.enqueue(event.synchronize)
+
+    def ordered_after(self, stream: StandinStream, seq: int) -> bool:
+        """Is op ``seq`` of ``stream`` ordered before what this stream enqueues next?"""
+        return stream is self or self.waited.get(stream, 0) >= seq
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,8 @@ class Block:
     uses: list[tuple[StandinStream, int]] = field(default_factory=list)
     """Every op that touched the block: the truth the checks compare against."""
     pending_writes: int = 0
+    writes: list[tuple[StandinStream, int]] = field(default_factory=list)
+    """The ops that wrote the block since its allocation."""
 
     @property
     def ptr(self) -> int:
@@ -164,7 +175,7 @@ class StandinRuntime:
         import torch
 
         nbytes = int(np.prod(shape)) * ITEM_SIZES[dtype]
-        view = self._allocate(max(nbytes, 1), "output", stream)[:nbytes]
+        view, _ = self._allocate(nbytes, "output", stream)
         return self._tensor(view, getattr(torch, dtype), shape)
 
     def upload_image(self, array: np.ndarray, stream: StandinStream) -> DeviceImage:
@@ -172,20 +183,18 @@ class StandinRuntime:
 
         host = np.ascontiguousarray(array, dtype=np.uint8)  # a copy the op keeps (pageable)
         h, w = int(host.shape[0]), int(host.shape[1])
-        view = self._allocate(host.nbytes, "upload", stream)
+        view, block = self._allocate(host.nbytes, "upload", stream)
         tensor = self._tensor(view, torch.uint8, (h, w, 3))
-        self.enqueue(stream, lambda: view.__setitem__(slice(None), host.ravel()), writes=[view])
+        self._copy_in(stream, block, host)
         return DeviceImage(view.ctypes.data, h, w, 3 * w, owner=tensor)
 
     def upload_labels(self, labels: np.ndarray, stream: StandinStream) -> torch.Tensor:
         import torch
 
         host = np.ascontiguousarray(labels, dtype=np.int64)
-        view = self._allocate(max(host.nbytes, 1), "labels", stream)[: host.nbytes]
+        view, block = self._allocate(host.nbytes, "labels", stream)
         tensor = self._tensor(view, torch.int64, host.shape)
-        self.enqueue(
-            stream, lambda: view.__setitem__(slice(None), host.view(np.uint8)), writes=[view]
-        )
+        self._copy_in(stream, block, host)
         return tensor
 
     def handoff(self, tensors: Sequence[torch.Tensor], event: Event) -> None:
@@ -217,15 +226,33 @@ class StandinRuntime:
                 block.stream_uses.add(stream)
 
     def consume(self, tensor: torch.Tensor, op: Callable[[torch.Tensor], None]) -> None:
-        """A training-loop kernel: ``op(tensor)`` enqueued on the current stream."""
-        self.enqueue(self.current_stream(), lambda: op(tensor), reads=[tensor.data_ptr()])
+        """A training-loop kernel: ``op(x)`` enqueued on the current stream, where ``x`` is
+        ``tensor``'s memory as it is when the op runs. Like a real kernel launch, the
+        queued op does not keep ``tensor`` alive: the caller may drop it at once."""
+        import torch
+
+        block = self.lookup(tensor.data_ptr())
+        start = tensor.data_ptr() - block.ptr
+        nbytes = tensor.numel() * tensor.element_size()
+        dtype, shape, backing = tensor.dtype, tuple(tensor.shape), block.backing
+
+        def run() -> None:
+            raw = torch.from_numpy(backing[start : start + nbytes])
+            op(raw.view(dtype).reshape(shape))
+
+        self.enqueue(self.current_stream(), run, reads=[tensor.data_ptr()])
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor.cpu()``: synchronises the current stream only, then copies."""
-        self.current_stream().synchronize()
+        current = self.current_stream()
+        current.synchronize()
         block = self.lookup(tensor.data_ptr())
-        if block.pending_writes:
-            self._violate(f"host read of a {block.kind} block whose writer has not run")
+        unordered = [w for w, seq in block.writes if not current.ordered_after(w, seq)]
+        if block.pending_writes or unordered:
+            self._violate(
+                f"host read of a {block.kind} block written on {[w.name for w in unordered]} "
+                f"without {current.name} waiting for the writer's event"
+            )
         return tensor.clone()
 
     def enqueue(
@@ -250,11 +277,19 @@ class StandinRuntime:
                     block.pending_writes -= 1
 
         with self._lock:
+            for block in read_blocks:
+                for writer, wseq in block.writes:
+                    if not stream.ordered_after(writer, wseq):
+                        self._violate(
+                            f"{stream.name} reads a {block.kind} block written on {writer.name} "
+                            "without waiting for the writer's event"
+                        )
             seq = stream.enqueue(run)
             for block in (*read_blocks, *write_blocks):
                 block.uses.append((stream, seq))
             for block in write_blocks:
                 block.pending_writes += 1
+                block.writes.append((stream, seq))
         return seq
 
     def register_external(self, array: np.ndarray, token: object) -> None:
@@ -304,11 +339,15 @@ class StandinRuntime:
         # finalizer is the stand-in's "free" (the caching allocator's free).
         return torch.from_numpy(view).view(dtype).reshape(tuple(shape))
 
-    def _allocate(self, nbytes: int, kind: BlockKind, stream: StandinStream) -> np.ndarray:
+    def _allocate(
+        self, nbytes: int, kind: BlockKind, stream: StandinStream
+    ) -> tuple[np.ndarray, Block]:
+        """A view of exactly ``nbytes`` whose finalizer is this allocation's free."""
+        size = max(nbytes, 1)
         with self._lock:
-            block = self._reusable(nbytes, kind, stream)
+            block = self._reusable(size, kind, stream)
             if block is None:
-                block = Block(np.empty(nbytes, np.uint8), kind, stream, id=next(self._ids))
+                block = Block(np.empty(size, np.uint8), kind, stream, id=next(self._ids))
                 self._blocks.append(block)
                 self.allocations += 1
             else:
@@ -323,13 +362,25 @@ class StandinRuntime:
             block.in_use = True
             block.stream_uses = set()
             block.free_events = []
+            block.writes = []
             block.uses = [(s, q) for s, q in block.uses if not s.finished(q)]
             backing = block.backing
             # Poisoned in stream order, so earlier ops of this stream still see the old bytes.
             stream.enqueue(lambda: backing.fill(_POISON))
-            view = backing[:nbytes]  # a new object per allocation: its own finalizer
+            # A new object per allocation (never sliced again: a slice of it would be a
+            # view of `backing`, and this object, with its finalizer, would die at once).
+            view = backing[:nbytes]
         weakref.finalize(view, self._freed, block)
-        return view
+        return view, block
+
+    def _copy_in(self, stream: StandinStream, block: Block, host: np.ndarray) -> None:
+        """An asynchronous host-to-device copy into ``block`` (the op holds the block, not
+        the tensor, as a CUDA copy does)."""
+        flat = host.reshape(-1).view(np.uint8)
+        backing = block.backing
+        self.enqueue(
+            stream, lambda: backing[: flat.size].__setitem__(slice(None), flat), writes=[backing]
+        )
 
     def _reusable(self, nbytes: int, kind: BlockKind, stream: StandinStream) -> Block | None:
         # torch's rule: same stream, free, and every event installed at free has fired.

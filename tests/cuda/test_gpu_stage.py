@@ -26,7 +26,7 @@ def run_batch(
 
 
 def test_every_good_image_matches_the_cpu_path(dataset: Dataset) -> None:
-    batch, runtime, arena, fetch_failed = run_batch(dataset)
+    batch, runtime, arena, _ = run_batch(dataset)
     images, labels = handoff(batch)
     host = runtime.to_host(images).numpy()
     assert runtime.violations == []
@@ -41,7 +41,9 @@ def test_every_good_image_matches_the_cpu_path(dataset: Dataset) -> None:
         # Same weights and parameters; the kernel rounds in float32 like the CPU path,
         # so one 8-bit level (1/255/std = 0.0175) bounds the difference.
         assert diff < 0.02, (key, diff)
-    assert runtime.to_host(labels).tolist() == [int(dataset.source.labels[p]) for p in batch.positions]
+    assert runtime.to_host(labels).tolist() == [
+        int(dataset.source.labels[p]) for p in batch.positions
+    ]
     assert arena.stats().in_use == 0 and arena.stats().live_slices == 0
 
 
@@ -74,7 +76,9 @@ def test_output_dtypes(dataset: Dataset, dtype: str) -> None:
     for row, index in enumerate(good):
         data = (dataset.root / dataset.names[index]).read_bytes()
         if dtype == "uint8":
-            diff = np.abs(host[row].numpy().astype(int) - reference(data, index, "uint8").astype(int))
+            diff = np.abs(
+                host[row].numpy().astype(int) - reference(data, index, "uint8").astype(int)
+            )
             assert diff.max() <= 1
         else:
             diff = np.abs(host[row].float().numpy() - reference(data, index))
@@ -83,7 +87,7 @@ def test_output_dtypes(dataset: Dataset, dtype: str) -> None:
 
 def test_all_failed_batch_is_empty_but_well_formed(dataset: Dataset) -> None:
     bad = [dataset.names.index(n) for n in ("truncated.jpg", "text.jpg")]
-    batch, runtime, arena, _ = run_batch(dataset, indices=bad)
+    batch, _, arena, _ = run_batch(dataset, indices=bad)
     images, labels = handoff(batch)
     assert tuple(images.shape) == (0, 3, OUT, OUT) and tuple(labels.shape) == (0,)
     assert len(batch.failed) == 2 and batch.positions == []

@@ -1,0 +1,173 @@
+"""PinnedArena: slices, the blocking bound, no over-commit, fetch with unknown or wrong sizes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gpu_loader.cuda._arena import ALIGN, ArenaTooSmallError, PinnedArena
+from gpu_loader.sources import FileList
+
+
+def test_slices_are_aligned_disjoint_and_reused() -> None:
+    arena = PinnedArena(8 * ALIGN)
+    a, b = arena.acquire(10), arena.acquire(ALIGN + 1)
+    assert (a.offset, a.capacity, b.offset, b.capacity) == (0, ALIGN, ALIGN, 2 * ALIGN)
+    a.view[:3] = b"abc"
+    assert bytes(b.view[:3]) != b"abc" or b.offset != a.offset
+    a.release()
+    c = arena.acquire(ALIGN)
+    assert c.offset == 0  # the freed range is handed out again
+    with pytest.raises(ValueError, match="released twice"):
+        a.release()
+    b.release()
+    c.release()
+    assert arena.stats().in_use == 0
+    # Everything merged back: the whole arena fits in one slice again.
+    arena.acquire(8 * ALIGN).release()
+
+
+def test_acquire_blocks_when_full_until_a_release() -> None:
+    arena = PinnedArena(4 * ALIGN)
+    held = arena.acquire(4 * ALIGN)
+    got: list[float] = []
+
+    def waiter() -> None:
+        arena.acquire(ALIGN).release()
+        got.append(time.monotonic())
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    assert got == []  # still blocked: the arena is full
+    released_at = time.monotonic()
+    held.release()
+    t.join(5)
+    assert got and got[0] >= released_at
+    assert arena.stats().waits == 1
+
+
+def test_timeout_and_stop_event() -> None:
+    arena = PinnedArena(2 * ALIGN)
+    held = arena.acquire(2 * ALIGN)
+    with pytest.raises(TimeoutError, match="'k1'"):
+        arena.acquire(1, timeout=0.05, key="k1")
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    with pytest.raises(InterruptedError):
+        arena.acquire(1, stop_event=stop)
+    held.release()
+    assert arena.stats().live_slices == 0
+
+
+def test_larger_than_the_arena_is_refused_with_the_key() -> None:
+    arena = PinnedArena(4 * ALIGN)
+    with pytest.raises(ArenaTooSmallError, match=r"'big\.jpg'"):
+        arena.acquire(4 * ALIGN + 1, key="big.jpg")
+
+
+def test_never_over_commits_under_contention() -> None:
+    arena = PinnedArena(16 * ALIGN)
+    owner = np.zeros(16 * ALIGN, dtype=np.int64)  # who holds each byte
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker(tid: int) -> None:
+        rng = np.random.default_rng(tid)
+        for _ in range(200):
+            piece = arena.acquire(int(rng.integers(1, 6 * ALIGN)), timeout=10)
+            span = slice(piece.offset, piece.offset + piece.capacity)
+            with lock:
+                if owner[span].any():
+                    errors.append(f"overlap at {piece.offset}")
+                owner[span] = tid + 1
+                if arena.stats().in_use > arena.capacity:
+                    errors.append("over-committed")
+            time.sleep(float(rng.random()) * 1e-4)
+            with lock:
+                owner[span] = 0
+            piece.release()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stats = arena.stats()
+    assert errors == []
+    assert stats.in_use == 0 and stats.acquires == 1200
+    assert stats.peak_in_use <= arena.capacity
+    assert stats.waits > 0  # the bound was actually hit
+
+
+def test_a_large_request_is_not_starved() -> None:
+    arena = PinnedArena(8 * ALIGN)
+    small = [arena.acquire(ALIGN) for _ in range(8)]
+    done = threading.Event()
+
+    def big() -> None:
+        arena.acquire(8 * ALIGN, timeout=5).release()
+        done.set()
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.05)
+    # Small requests queued after the big one must wait their turn, not take freed space.
+    late = threading.Thread(target=lambda: arena.acquire(ALIGN, timeout=5).release())
+    late.start()
+    for piece in small:
+        piece.release()
+    t.join(5)
+    late.join(5)
+    assert done.is_set()
+
+
+class _NoSizes(FileList):
+    def nbytes(self, i: int) -> int | None:
+        return None  # like a remote source: the size is learnt from the read
+
+
+def test_fetch_unknown_size_retries_with_the_exact_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    payload = bytes(range(256)) * 20  # 5120 bytes, larger than the first guess
+    (tmp_path / "x.bin").write_bytes(payload)
+    source = _NoSizes([(tmp_path / "x.bin", 0)])
+    arena = PinnedArena(64 * ALIGN)
+    piece, data = arena.fetch(source, 0, key="x.bin", guess=ALIGN)
+    assert bytes(data) == payload and piece.capacity >= len(payload)
+    assert arena.stats().acquires == 2 and arena.stats().live_slices == 1
+    piece.release()
+
+
+def test_fetch_refuses_a_file_larger_than_the_arena(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "huge.jpg").write_bytes(b"\0" * (8 * ALIGN))
+    arena = PinnedArena(4 * ALIGN)
+    with pytest.raises(ArenaTooSmallError, match=r"huge\.jpg"):
+        arena.fetch(FileList([(tmp_path / "huge.jpg", 0)]), 0, key=str(tmp_path / "huge.jpg"))
+    assert arena.stats().live_slices == 0
+
+
+def test_fetch_releases_on_a_missing_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    arena = PinnedArena(4 * ALIGN)
+    source = _NoSizes([(tmp_path / "missing.jpg", 0)])
+    with pytest.raises(FileNotFoundError):
+        arena.fetch(source, 0, key="missing.jpg")
+    assert arena.stats().live_slices == 0
+
+
+def test_poison_marks_released_bytes() -> None:
+    arena = PinnedArena(2 * ALIGN, poison=True)
+    piece = arena.acquire(4)
+    piece.view[:4] = b"JPEG"
+    view = piece.buffer
+    piece.release()
+    assert bytes(view[:4]) == b"\xee" * 4
+
+
+def test_bad_allocator_and_capacity() -> None:
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        PinnedArena(10)
+    with pytest.raises(ValueError, match="flat uint8"):
+        PinnedArena(1024, allocator=lambda n: np.empty(n // 8, np.float64))
