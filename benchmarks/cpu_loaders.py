@@ -7,7 +7,7 @@ system runs in its own process; the parent samples its process tree's PSS. Throu
 CPU time are measured after a short warm-up (worker start-up is excluded for everyone).
 
     python benchmarks/cpu_loaders.py                 # 2000 images, train and eval
-    python benchmarks/cpu_loaders.py --quick         # a smoke run (300 images)
+    python benchmarks/cpu_loaders.py --quick         # a smoke run (200 images)
 
 Results: ``benchmarks/results/cpu_loaders.json`` and a markdown table on stdout.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -280,6 +279,8 @@ def iter_dali(data: Path, kind: str) -> Iterator[Any]:
         )
 
 
+QUICK_SYSTEMS = ["gpu_loader", "dataloader_pillow_w2", "dataloader_fast_w2"]
+
 RUNNERS: dict[str, Callable[[Path, str], Iterable[Any]]] = {
     "gpu_loader": iter_gpu_loader,
     "dataloader_pillow_w2": iter_dataloader(PillowSample, 2),
@@ -336,12 +337,12 @@ def available(system: str) -> str | None:
 
 
 def ensure_dataset(data: Path | None, num_images: int) -> Path:
+    from gpu_loader.cli import cache_dir
     from gpu_loader.datasets import make_image_folder
 
     if data is not None:
         return data
-    root = Path(os.environ.get("GPU_LOADER_CACHE", Path.home() / ".cache" / "gpu_loader"))
-    target = root / f"bench-photos-{num_images}"
+    target = cache_dir() / f"bench-photos-{num_images}"
     return make_image_folder(target, num_images=num_images, num_classes=10, seed=0, progress=True)
 
 
@@ -352,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transforms", default="train,eval", help="comma list: train,eval")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of systems")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
-    parser.add_argument("--quick", action="store_true", help="300 images, for a smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 200 images, train only, gpu_loader vs the two DataLoader variants",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -361,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.worker, args.data, args.kind)))
         return 0
 
-    num = 300 if args.quick else args.num_images
+    num = 200 if args.quick else args.num_images
+    kinds = ["train"] if args.quick else args.transforms.split(",")
+    systems = QUICK_SYSTEMS if args.quick else args.systems.split(",")
     data = ensure_dataset(args.data, num)
     rows: list[dict[str, Any]] = []
-    for kind in args.transforms.split(","):
-        for system in args.systems.split(","):
+    for kind in kinds:
+        for system in systems:
             why = available(system)
             if why is not None:
                 print(f"[skip] {system}: {why}", file=sys.stderr)

@@ -20,8 +20,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from gpu_loader.batching import AdaptiveThreshold, Batch, OrderedBatcher, StragglerBatcher
-from gpu_loader.monitor import JsonlLogger, Monitor, MonitorConfig, ProgressReporter
+from gpu_loader.batching import (
+    AdaptiveThreshold,
+    Batch,
+    BatcherStats,
+    OrderedBatcher,
+    StragglerBatcher,
+)
+from gpu_loader.monitor import (
+    JsonlLogger,
+    Monitor,
+    MonitorConfig,
+    ProgressReporter,
+    nvml_indices_for_cuda,
+)
 from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform, load_into
 from gpu_loader.pipeline import FailureRecord, PipelineBuilder, SlowLane
 from gpu_loader.sources import SampleIndex, Sampler, sample_rng
@@ -50,7 +62,8 @@ class LoaderOptions:
     max_delay_batches: int = 2
     """``straggler`` mode: the most batches a slow sample may arrive after its nominal batch."""
     max_slow_threads: int | None = None
-    """``straggler`` mode: workers allowed in the slow lane at once (default: decode threads)."""
+    """``straggler`` mode: workers allowed in each stage's slow lane at once (default: that
+    stage's thread count)."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     pin_memory: bool | None = None
@@ -58,7 +71,7 @@ class LoaderOptions:
     progress: bool = False
     """Show a live progress bar (img/s, stall %, GPU util, bottleneck)."""
     monitor_gpu: bool = True
-    """Sample NVML GPU utilisation when the device is CUDA and nvidia-ml-py is present."""
+    """Sample NVML GPU utilisation (the loader's GPU, or all GPUs on the CPU path)."""
     log_jsonl: str | None = None
     """Append a `stats().as_dict()` line to this file every `log_interval_s` seconds."""
     log_interval_s: float = 10.0
@@ -180,6 +193,7 @@ class ImageLoader:
         self._explicit_epoch = False
         self._failed: list[FailedSample] = []
         self._last_engine_stats: Any = None
+        self._last_batcher_stats: BatcherStats | None = None
         # A weak reference: the epoch's generator (held by the training loop) keeps the
         # loader alive, never the other way round, so dropping both frees their threads.
         self._active: weakref.ref[_Epoch] | None = None
@@ -265,6 +279,14 @@ class ImageLoader:
         monitor = self._monitor or _make_monitor(self)
         return monitor.stats(engine, failures=len(self.failed_samples()))
 
+    def batching_stats(self) -> BatcherStats | None:
+        """The batcher's record for the running (or last) epoch: batches, moved samples and
+        their delay in batches, held-back time; None before the first epoch."""
+        active = self._epoch()
+        if active is not None:
+            return active.batcher.stats()
+        return self._last_batcher_stats
+
     def close(self) -> None:
         """Stop the running epoch and the monitor's threads, and join them. Idempotent.
 
@@ -311,10 +333,13 @@ class ImageLoader:
         return self._monitor
 
     # -- called by _Epoch ----------------------------------------------------------------
-    def _epoch_closed(self, records: list[FailedSample], engine_stats: Any) -> None:
+    def _epoch_closed(
+        self, records: list[FailedSample], engine_stats: Any, batcher_stats: BatcherStats
+    ) -> None:
         with self._lock:
             self._failed.extend(records)
             self._last_engine_stats = engine_stats
+            self._last_batcher_stats = batcher_stats
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
@@ -353,19 +378,29 @@ class _Epoch:
         self.out_h, self.out_w = loader.transform.output_size
         self.pin = _want_pin(loader)
         self.buffers: dict[int, torch.Tensor] = {}
+        # Straggler mode: per-sample outputs, recycled after they are copied into a batch
+        # (at most `window` exist). deque.append/pop are atomic, so no lock is needed.
+        self.spare: collections.deque[torch.Tensor] = collections.deque()
         self.buffers_lock = threading.Lock()
         self.pipeline = self._build()
 
     # -- pipeline ------------------------------------------------------------------------
+    def _slow_lane(self, threads: int) -> SlowLane | None:
+        """Straggler mode: a task running past the adaptive threshold moves its worker to
+        a slow lane and a replacement keeps the stage at strength (each stage learns its
+        own threshold: slow reads and slow decodes are different populations)."""
+        if self.loader.batching != "straggler":
+            return None
+        limit = self.loader.options.max_slow_threads or threads
+        # p75 x 4 rather than a high percentile: with 10% stragglers p95 *is* a straggler,
+        # and a threshold above it would never move one. The floor keeps thread churn away
+        # from tasks too short to matter.
+        threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
+        return SlowLane(max_threads=limit, threshold=threshold)
+
     def _build(self) -> Any:
         loader = self.loader
-        slow_lane = None
         order: Literal["completion"] = "completion"
-        if loader.batching == "straggler":
-            slow_lane = SlowLane(
-                max_threads=loader.options.max_slow_threads or loader.decode_threads,
-                threshold=AdaptiveThreshold(),
-            )
         return (
             PipelineBuilder()
             .add_source(self._source())
@@ -376,6 +411,7 @@ class _Epoch:
                 output_order=order,
                 max_failures=loader.max_failures,
                 key_fn=_task_key,
+                slow_lane=self._slow_lane(loader.io_threads),
             )
             .pipe(
                 self._decode,
@@ -384,7 +420,7 @@ class _Epoch:
                 output_order=order,
                 max_failures=loader.max_failures,
                 key_fn=_task_key,
-                slow_lane=slow_lane,
+                slow_lane=self._slow_lane(loader.decode_threads),
             )
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()
@@ -413,13 +449,11 @@ class _Epoch:
         return task
 
     def _decode(self, task: _Task) -> _Task:
-        import torch
 
         loader = self.loader
         try:
             out = self._slot(task.position)
-            # numpy has no bfloat16: the transform writes its bit patterns into an int16 view.
-            target = out.view(torch.int16).numpy() if loader.dtype == "bfloat16" else out.numpy()
+            target = _as_numpy(out)
             load_into(
                 task.data or b"",
                 loader.transform,
@@ -436,21 +470,27 @@ class _Epoch:
         task.out = out if loader.batching == "straggler" else None
         return task
 
+    def _new_batch(self, rows: int) -> torch.Tensor:
+        import torch
+
+        shape = (rows, 3, self.out_h, self.out_w)
+        return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
+
     def _slot(self, position: int) -> torch.Tensor:
         """Where this sample's output goes: its slot in its batch tensor (ordered mode)."""
         import torch
 
         if self.loader.batching == "straggler":
-            return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
+            try:
+                return self.spare.pop()
+            except IndexError:
+                return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
         plan = self.batcher.plan
         b = position // plan.batch_size
         with self.buffers_lock:
             buf = self.buffers.get(b)
             if buf is None:
-                rows = len(plan.batch_range(b))
-                buf = torch.empty(
-                    (rows, 3, self.out_h, self.out_w), dtype=self.torch_dtype, pin_memory=self.pin
-                )
+                buf = self._new_batch(len(plan.batch_range(b)))
                 self.buffers[b] = buf
         return buf[position - b * plan.batch_size]
 
@@ -517,19 +557,22 @@ class _Epoch:
         labels = torch.from_numpy(
             np.asarray(self.loader.source.labels, dtype=np.int64)[self.indices[list(positions)]]
         )
+        # Copies go through numpy: torch's intra-op thread pool would spin on the cores
+        # the decode threads are using (measured: 8-40x slower under load).
         if self.loader.batching == "straggler":
-            images = torch.stack(list(batch.items))
-            if self.pin:
-                images = images.pin_memory()
+            images = self._new_batch(len(positions))
+            np.stack([_as_numpy(t) for t in batch.items], out=_as_numpy(images))
+            self.spare.extend(batch.items)  # their pages are mapped already: reuse them
         else:
             plan = self.batcher.plan
             b = positions[0] // plan.batch_size
             with self.buffers_lock:
-                full = self.buffers.pop(b)
-            if len(positions) != full.shape[0]:  # failed samples left out
-                keep = torch.tensor([p - b * plan.batch_size for p in positions])
-                full = full.index_select(0, keep)
-            images = full
+                images = self.buffers.pop(b)
+            if len(positions) != images.shape[0]:  # failed samples left out
+                keep = [p - b * plan.batch_size for p in positions]
+                compact = self._new_batch(len(keep))
+                np.take(_as_numpy(images), keep, axis=0, out=_as_numpy(compact))
+                images = compact
         device = self.loader.device
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)
@@ -548,7 +591,16 @@ class _Epoch:
         with self.cond:
             self.cond.notify_all()
         self.pipeline.close()
-        self.loader._epoch_closed(self.failures(), self.pipeline.stats())
+        self.loader._epoch_closed(self.failures(), self.pipeline.stats(), self.batcher.stats())
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor; bfloat16 (which numpy lacks) as its int16 bit patterns."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    return tensor.numpy()
 
 
 def _as_failed(record: FailureRecord, epoch: int) -> FailedSample:
@@ -589,9 +641,14 @@ def _default_io_threads(source: SampleIndex) -> int:
 
 
 def _make_monitor(loader: ImageLoader) -> Monitor:
-    gpu = loader.options.monitor_gpu and loader.device.type == "cuda"
-    devices = (loader.device.index or 0,) if gpu else None
-    return Monitor(MonitorConfig(gpu="auto" if gpu else "off", gpu_devices=devices))
+    """NVML sampling of the loader's GPU when the device is CUDA, else of every GPU there is
+    (the CPU path may be feeding one); without NVML the report says "no GPU" once."""
+    if not loader.options.monitor_gpu:
+        return Monitor(MonitorConfig(gpu="off"))
+    devices = None
+    if loader.device.type == "cuda":
+        devices = nvml_indices_for_cuda([loader.device.index or 0])
+    return Monitor(MonitorConfig(gpu="auto", gpu_devices=devices))
 
 
 def _make_progress(loader: ImageLoader, samples: int) -> ProgressReporter | None:

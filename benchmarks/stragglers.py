@@ -1,0 +1,315 @@
+"""Straggler-aware batching vs ordered batching vs DataLoader on heavy-tailed data (issue 6).
+
+Two scenarios on the same generated folder:
+
+* ``decode``: about 10% "heavy" images (3-4x the sides: 9-16x the pixels), so decode cost
+  is heavy-tailed;
+* ``reads``: the same images, and 10% of reads take an extra 150 ms (a GIL-free sleep),
+  the stragglers of remote storage.
+
+A consumer simulates a training step with a fixed GIL-free wait,
+sized so the loader's mean throughput is about 10% above what the consumer needs. For
+each system we measure the data-stall fraction (time the training loop waits for a batch
+over its total time, after the first batch: start-up is reported apart) and the epoch
+time, against the ideal ``max(total compute / threads, total consumer time)``.
+
+    python benchmarks/stragglers.py            # 1200 images, 2 epochs per system
+    python benchmarks/stragglers.py --quick    # 200 images, 1 epoch
+
+Results: ``benchmarks/results/stragglers.json`` and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_loader.benchmarks._common import format_table, run_worker, write_results
+
+BATCH = 32
+SIZE = 224
+HEADROOM = 1.10  # loader throughput / consumer need
+SYSTEMS = ("ordered", "straggler", "dataloader_w2")
+SCENARIOS = ("decode", "reads")
+SLOW_FRACTION = 0.10
+SLOW_READ_S = 0.150
+
+
+def is_slow(index: int) -> bool:
+    """The same deterministic 10% of samples are slow to read for every system."""
+    return (index * 2654435761) % 1000 < SLOW_FRACTION * 1000
+
+
+class SlowReads:
+    """A SampleIndex whose reads of the `is_slow` samples wait `SLOW_READ_S` first."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, i: int) -> bytes:
+        if is_slow(i):
+            time.sleep(SLOW_READ_S)
+        return bytes(self.inner.read(i))
+
+
+def make_index(data: Path, scenario: str) -> Any:
+    import gpu_loader as gl
+
+    index = gl.sources.ImageFolder(data)
+    return SlowReads(index) if scenario == "reads" else index
+
+
+def make_loader(data: Path, mode: str, scenario: str = "decode") -> Any:
+    import gpu_loader as gl
+
+    return gl.ImageLoader(
+        make_index(data, scenario),
+        batch_size=BATCH,
+        transform=gl.ops.TrainTransform(SIZE),
+        batching=mode,
+        seed=0,
+        options=gl.LoaderOptions(monitor_gpu=False),
+    )
+
+
+def make_dataloader(data: Path, scenario: str) -> Iterable[Any]:
+    import torch.utils.data as tud
+    from gpu_loader.benchmarks.cpu_loaders import FastSample, collate, list_files
+
+    class Sample(FastSample):
+        def __getitem__(self, i: int) -> tuple[Any, int]:
+            if scenario == "reads" and is_slow(i):
+                time.sleep(SLOW_READ_S)
+            return super().__getitem__(i)
+
+    files, labels = list_files(data)
+    return tud.DataLoader(
+        Sample(files, labels, "train"),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate,
+        prefetch_factor=2,
+    )
+
+
+def calibrate(data: Path, epochs: int, scenario: str) -> dict[str, Any]:
+    """Loader throughput with no consumer wait, and the total read + decode time."""
+    loader = make_loader(data, "ordered", scenario)
+    start = time.perf_counter()
+    images = 0
+    with loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for x, _ in loader:
+                images += int(x.shape[0])
+        stats = loader.stats()
+    wall = time.perf_counter() - start
+    decode = next(s for s in stats.stages if s.name == "decode")
+    read = next(s for s in stats.stages if s.name == "read")
+    per_epoch_compute = (
+        decode.task_time_mean_s * decode.tasks_done + read.task_time_mean_s * read.tasks_done
+    )
+    return {
+        "img_per_s": images / wall,
+        "compute_s_per_epoch": per_epoch_compute,  # stats cover the last epoch's pipeline
+        "threads": loader.decode_threads,
+    }
+
+
+def consume(batches: Iterable[Any], step_s: float) -> dict[str, float]:
+    """The simulated training loop: wait for a batch, then a GIL-free step.
+
+    The first wait (threads or worker processes starting, first decodes) is start-up,
+    reported as ``startup_s`` and left out of ``stall_s`` and ``epoch_s``.
+    """
+    waited = startup = 0.0
+    count = 0
+    start = time.perf_counter()
+    iterator = iter(batches)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(iterator, None)
+        wait = time.perf_counter() - t0
+        if count == 0:
+            startup = wait
+            start = time.perf_counter()
+        else:
+            waited += wait
+        if batch is None:
+            break
+        count += 1
+        time.sleep(step_s)
+    total = time.perf_counter() - start
+    return {"epoch_s": total, "stall_s": waited, "batches": count, "startup_s": startup}
+
+
+def worker(system: str, data: Path, step_s: float, epochs: int, scenario: str) -> dict[str, Any]:
+    epochs_out = []
+    moved: list[dict[str, float]] = []
+    if system == "dataloader_w2":
+        loader: Any = make_dataloader(data, scenario)
+        for _ in range(epochs):
+            epochs_out.append(consume(loader, step_s))
+    else:
+        loader = make_loader(data, system, scenario)
+        with loader:
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                epochs_out.append(consume(loader, step_s))
+                b = loader.batching_stats()
+                moved.append(
+                    {
+                        "moved": b.moved,
+                        "mean_delay": b.mean_moved_delay,
+                        "max_delay": b.max_delay,
+                        "held_back_s": b.held_back_s,
+                    }
+                )
+    # The first batch's wait is start-up (threads, first decodes), the same for all systems.
+    epoch_s = sum(e["epoch_s"] for e in epochs_out)
+    stall_s = sum(e["stall_s"] for e in epochs_out)
+    return {
+        "epoch_s": epoch_s / epochs,
+        "stall_fraction": stall_s / epoch_s,
+        "startup_s": sum(e["startup_s"] for e in epochs_out) / epochs,
+        "batches_per_epoch": epochs_out[0]["batches"],
+        "moved": sum(m["moved"] for m in moved) if moved else None,
+        "mean_delay_batches": (
+            sum(m["mean_delay"] * m["moved"] for m in moved)
+            / max(1, sum(m["moved"] for m in moved))
+            if moved
+            else None
+        ),
+        "max_delay_batches": max(m["max_delay"] for m in moved) if moved else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, help="image folder (default: generated, 10%% heavy)")
+    parser.add_argument("--num-images", type=int, default=1200)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--quick", action="store_true", help="200 images, 1 epoch")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--step-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        result = worker(args.worker, args.data, args.step_s, args.epochs, args.scenario)
+        print(json.dumps(result))
+        return 0
+
+    from gpu_loader.cli import cache_dir
+    from gpu_loader.datasets import make_image_folder
+
+    num = 200 if args.quick else args.num_images
+    epochs = 1 if args.quick else args.epochs
+    data = args.data or make_image_folder(
+        cache_dir() / f"straggler-photos-{num}",
+        num_images=num,
+        num_classes=10,
+        seed=1,
+        min_side=200,
+        max_side=480,
+        heavy_fraction=0.1,
+        heavy_scale=(3, 4),
+        progress=True,
+    )
+    rows: list[dict[str, Any]] = []
+    runs: dict[str, Any] = {}
+    for scenario in SCENARIOS:
+        print(f"[calibrate] {scenario}: loader alone ...", file=sys.stderr, flush=True)
+        cal = calibrate(data, 1, scenario)
+        need = cal["img_per_s"] / HEADROOM  # the consumer needs 10% less than the loader gives
+        step_s = BATCH / need
+        batches = -(-num // BATCH)
+        ideal = max(cal["compute_s_per_epoch"] / cal["threads"], (batches - 1) * step_s)
+        runs[scenario] = {"calibration": cal, "step_s": step_s, "ideal_epoch_s": ideal}
+        for system in SYSTEMS:
+            print(f"[run] {scenario}: {system} ...", file=sys.stderr, flush=True)
+            result, pss = run_worker(
+                [
+                    "-m",
+                    "gpu_loader.benchmarks.stragglers",
+                    "--worker",
+                    system,
+                    "--data",
+                    str(data),
+                    "--step-s",
+                    str(step_s),
+                    "--epochs",
+                    str(epochs),
+                    "--scenario",
+                    scenario,
+                ]
+            )
+            row = {"scenario": scenario, "system": system, "peak_pss_mb": pss, **result}
+            if "epoch_s" in result:
+                row["epoch_vs_ideal"] = result["epoch_s"] / ideal
+            rows.append(row)
+    checks = {}
+    for scenario in SCENARIOS:
+        by = {r["system"]: r for r in rows if r["scenario"] == scenario}
+        if all("stall_fraction" in by[m] for m in ("ordered", "straggler")):
+            ordered, straggler = by["ordered"]["stall_fraction"], by["straggler"]["stall_fraction"]
+            checks[f"{scenario}: straggler stall <= ordered / 3"] = straggler <= ordered / 3
+            checks[f"{scenario}: straggler epoch <= 1.10 x ideal"] = (
+                by["straggler"]["epoch_vs_ideal"] <= 1.10
+            )
+    columns = [
+        ("scenario", "scenario"),
+        ("system", "system"),
+        ("stall_fraction", "stall fraction"),
+        ("startup_s", "start-up s"),
+        ("epoch_s", "epoch s"),
+        ("epoch_vs_ideal", "epoch / ideal"),
+        ("moved", "moved samples"),
+        ("mean_delay_batches", "mean delay (batches)"),
+        ("max_delay_batches", "max delay"),
+        ("peak_pss_mb", "peak PSS MB"),
+        ("error", "error"),
+    ]
+    table = format_table(rows, columns)
+    path = write_results(
+        "stragglers",
+        {
+            "dataset": {"path": str(data), "images": num, "heavy_fraction": 0.1},
+            "batch_size": BATCH,
+            "epochs": epochs,
+            "slow_read_s": SLOW_READ_S,
+            "scenarios": runs,
+            "rows": rows,
+            "checks": checks,
+            "table": table,
+        },
+        args.out,
+    )
+    for scenario, run in runs.items():
+        print(
+            f"{scenario}: loader {run['calibration']['img_per_s']:.0f} img/s alone; step "
+            f"{run['step_s'] * 1000:.1f} ms per batch; ideal epoch {run['ideal_epoch_s']:.2f} s"
+        )
+    print(table)
+    print(f"checks: {checks}")
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
