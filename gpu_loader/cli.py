@@ -1,33 +1,279 @@
-"""The `gpu-loader` command."""
+"""The `gpu-loader` command: demo, make-dataset, bench, inspect.
+
+Errors a user can cause (missing path, empty folder, bad option) print one line and
+exit with status 2; they never show a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
 
 import gpu_loader
 
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def cache_dir() -> Path:
+    """Where generated datasets are kept (``$GPU_LOADER_CACHE`` or ``~/.cache/gpu_loader``)."""
+    env = os.environ.get("GPU_LOADER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "gpu_loader"
+
+
+# ---------------------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the fix, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpu-loader",
-        description="A thread-based PyTorch image data loader with GPU decode and live monitoring.",
+        description=(
+            "A thread-based PyTorch image data loader: GPU batch decode, fused CUDA "
+            "transforms, straggler-aware batching and live GPU-idleness monitoring."
+        ),
     )
     parser.add_argument(
         "--version", action="version", version=f"gpu-loader {gpu_loader.__version__}"
     )
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the loader through a simulated training loop and report what it sees",
+        description=(
+            "Run ImageLoader for a few epochs through a simulated training step and print "
+            "the report: throughput, data-stall %, GPU idleness (or 'no GPU'), a per-stage "
+            "table, the bottleneck and failures. Without --data it uses a built-in dataset of "
+            "generated photo-like images, created once in the cache folder "
+            "($GPU_LOADER_CACHE or ~/.cache/gpu_loader)."
+        ),
+    )
+    demo.add_argument("--data", type=Path, help="an ImageFolder (one sub-folder per class)")
+    demo.add_argument(
+        "--num-images", type=int, default=1000, help="size of the built-in dataset (default: 1000)"
+    )
+    demo.add_argument("--epochs", type=int, default=2, help="epochs to run (default: 2)")
+    demo.add_argument("--batch-size", type=int, default=64, help="default: 64")
+    demo.add_argument("--size", type=int, default=224, help="output side in pixels (default: 224)")
+    demo.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda if usable, else cpu), cpu, cuda or cuda:N (default: auto)",
+    )
+    demo.add_argument(
+        "--batching",
+        choices=("ordered", "straggler"),
+        default="straggler",
+        help="batch formation (default: straggler)",
+    )
+    demo.add_argument(
+        "--step-ms",
+        type=float,
+        default=20.0,
+        help="simulated training step per batch in ms, GIL-free (default: 20)",
+    )
+    demo.add_argument("--threads", type=int, help="decode threads (default: CPU count)")
+    demo.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the final stats as JSON here"
+    )
+    demo.add_argument(
+        "--log-jsonl",
+        type=Path,
+        metavar="PATH",
+        help="append periodic stats snapshots (JSON lines) here",
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    demo.set_defaults(func=cmd_demo)
+
+    make = sub.add_parser(
+        "make-dataset",
+        help="write a generated photo-like ImageFolder dataset",
+        description="Write a deterministic ImageFolder of generated photo-like images "
+        "(JPEG, a few PNG and grayscale files) to OUT.",
+    )
+    make.add_argument("out", type=Path, metavar="OUT", help="folder to write")
+    make.add_argument("--num", type=int, default=2000, help="number of images (default: 2000)")
+    make.add_argument("--classes", type=int, default=10, help="number of classes (default: 10)")
+    make.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    make.add_argument("--min-side", type=int, default=200, help="default: 200")
+    make.add_argument("--max-side", type=int, default=800, help="default: 800")
+    make.add_argument(
+        "--heavy-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of images with 3-4x the sides (stragglers; default: 0)",
+    )
+    make.set_defaults(func=cmd_make_dataset)
+
+    bench = sub.add_parser(
+        "bench",
+        help="run the comparison benchmarks that apply on this machine",
+        description="Run the benchmarks in benchmarks/ that apply here (CPU loaders vs "
+        "DataLoader/SPDL/DALI, engine overhead, stragglers, and GPU vs CPU when a GPU is "
+        "usable), write their JSON and a PNG chart, and print the tables.",
+    )
+    bench.add_argument("--only", help="comma list of benchmarks (default: all that apply)")
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="folder for JSON and PNG (default: ./bench-results)",
+    )
+    bench.set_defaults(func=cmd_bench)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="profile each stage alone at several thread counts and recommend settings",
+        description="Time the read stage and the decode+transform stage alone at several "
+        "thread counts on a sample of the data, and recommend thread counts for this machine.",
+    )
+    inspect.add_argument("--data", type=Path, required=True, help="an ImageFolder")
+    inspect.add_argument("--samples", type=int, default=256, help="images to time (default: 256)")
+    inspect.add_argument("--size", type=int, default=224, help="output side (default: 224)")
+    inspect.set_defaults(func=cmd_inspect)
     return parser
 
 
+# ---------------------------------------------------------------------------- helpers
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise CliError(f"--{name} must be > 0, got {value}")
+
+
+def _image_folder(path: Path) -> gpu_loader.sources.ImageFolder:
+    if not path.exists():
+        raise CliError(f"--data {path}: no such folder")
+    if not path.is_dir():
+        raise CliError(f"--data {path}: not a folder")
+    from gpu_loader.sources import ImageFolder
+
+    try:
+        return ImageFolder(path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise CliError(f"--data {path}: {exc}") from None
+
+
+def demo_dataset(num_images: int) -> Path:
+    """The built-in dataset, generated once into the cache folder."""
+    from gpu_loader.datasets import make_image_folder
+
+    target = cache_dir() / f"demo-photos-{num_images}"
+    print(f"dataset: {target}", file=sys.stderr)
+    return make_image_folder(target, num_images=num_images, num_classes=10, seed=0, progress=True)
+
+
+# ---------------------------------------------------------------------------- commands
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpu_loader.demo import run_demo
+
+    for name in ("num_images", "epochs", "batch_size", "size"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if args.step_ms < 0:
+        raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
+    data = args.data if args.data is not None else demo_dataset(args.num_images)
+    index = _image_folder(data)
+    for path in (args.json, args.log_jsonl):
+        if path is not None and not path.parent.is_dir():
+            raise CliError(f"{path}: folder {path.parent} does not exist")
+    try:
+        report = run_demo(
+            index,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            size=args.size,
+            device=args.device,
+            batching=args.batching,
+            step_s=args.step_ms / 1000,
+            threads=args.threads,
+            progress=not args.no_progress,
+            log_jsonl=args.log_jsonl,
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise CliError(str(exc)) from None
+    print(report.text)
+    if args.json is not None:
+        args.json.write_text(report.json)
+        print(f"stats written to {args.json}")
+    return 0
+
+
+def cmd_make_dataset(args: argparse.Namespace) -> int:
+    from gpu_loader.datasets import make_image_folder
+
+    _positive("num", args.num)
+    _positive("classes", args.classes)
+    if args.out.exists() and not args.out.is_dir():
+        raise CliError(f"{args.out}: exists and is not a folder")
+    start = time.perf_counter()
+    try:
+        root = make_image_folder(
+            args.out,
+            num_images=args.num,
+            num_classes=args.classes,
+            seed=args.seed,
+            min_side=args.min_side,
+            max_side=args.max_side,
+            heavy_fraction=args.heavy_fraction,
+            progress=True,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(
+        f"wrote {args.num} images in {args.classes} classes to {root} "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    # benchmarks/ is installed as gpu_loader.benchmarks (a mapped folder mypy cannot see).
+    suite = importlib.import_module("gpu_loader.benchmarks.suite")
+    try:
+        return int(suite.run_suite(args.out, only=args.only, quick=args.quick))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from gpu_loader.inspect import inspect_folder
+
+    _positive("samples", args.samples)
+    index = _image_folder(args.data)
+    print(inspect_folder(index, samples=args.samples, size=args.size))
+    return 0
+
+
+# ---------------------------------------------------------------------------- entry point
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
         parser.print_help()
         return 0
-    return 0
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"gpu-loader {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"gpu-loader {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

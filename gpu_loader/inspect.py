@@ -1,0 +1,122 @@
+"""`gpu-loader inspect`: time each stage alone at several thread counts, recommend settings.
+
+Like SPDL's ``profile_pipeline``: a stage is timed in isolation (the read stage on the
+files, the decode+transform stage on bytes already in memory), so the numbers say which
+stage limits the loader and how many threads each one needs on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from gpu_loader.sources import SampleIndex
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Throughput of one stage at one thread count."""
+
+    stage: str
+    """``read`` or ``decode``."""
+    threads: int
+    """Worker threads."""
+    items_per_s: float
+    """Items through the stage per second (successful or not)."""
+    failures: int
+    """Items that raised."""
+
+
+def thread_counts(cpus: int) -> list[int]:
+    """1, 2, 4, ... up to twice the CPU count (at least up to 4)."""
+    counts, n = [], 1
+    while n <= max(4, 2 * cpus):
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def time_stage(
+    name: str, fn: Callable[[int], object], items: Sequence[int], threads: int
+) -> StageProfile:
+    """Run ``fn`` over ``items`` on ``threads`` engine workers; items/s over the whole run."""
+    from gpu_loader.pipeline import PipelineBuilder
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(items)
+        .pipe(fn, concurrency=threads, name=name, output_order="completion", max_failures=None)
+        .add_sink(buffer_size=64)
+        .build()
+    )
+    start = time.perf_counter()
+    with pipeline:
+        for _ in pipeline:
+            pass
+    elapsed = time.perf_counter() - start
+    return StageProfile(name, threads, len(items) / elapsed, len(pipeline.failures()))
+
+
+def recommend(profiles: Sequence[StageProfile], tolerance: float = 0.95) -> int:
+    """Fewest threads reaching ``tolerance`` of the best throughput measured."""
+    best = max(p.items_per_s for p in profiles)
+    return min(p.threads for p in profiles if p.items_per_s >= tolerance * best)
+
+
+def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -> str:
+    """Profile ``index`` and return the report as text."""
+    from gpu_loader.ops import TrainTransform, load_into
+    from gpu_loader.sources import sample_rng
+
+    count = min(samples, len(index))
+    items = list(range(count))
+    cpus = os.cpu_count() or 1
+    counts = thread_counts(cpus)
+    transform = TrainTransform(size)
+    blobs: dict[int, bytes] = {}
+
+    def read(i: int) -> int:
+        blobs[i] = index.read(i)
+        return i
+
+    def decode(i: int) -> int:
+        out = np.empty((3, size, size), np.float32)
+        load_into(blobs[i], transform, sample_rng(0, 0, i), out, dtype="float32", key=index.key(i))
+        return i
+
+    read_profiles = [time_stage("read", read, items, n) for n in counts]
+    readable = [i for i in items if i in blobs]
+    decode_profiles = [time_stage("decode", decode, readable, n) for n in counts]
+    return format_report(index, count, cpus, read_profiles, decode_profiles)
+
+
+def format_report(
+    index: Any,
+    count: int,
+    cpus: int,
+    read_profiles: Sequence[StageProfile],
+    decode_profiles: Sequence[StageProfile],
+) -> str:
+    io_threads = recommend(read_profiles)
+    decode_threads = recommend(decode_profiles)
+    read_best = max(p.items_per_s for p in read_profiles)
+    decode_best = max(p.items_per_s for p in decode_profiles)
+    bottleneck = "decode" if decode_best < read_best else "read"
+    lines = [f"inspected {count} of {len(index)} images on {cpus} CPU(s)", ""]
+    lines.append(f"{'stage':8s} {'threads':>7s} {'img/s':>10s} {'failures':>8s}")
+    for p in [*read_profiles, *decode_profiles]:
+        lines.append(f"{p.stage:8s} {p.threads:7d} {p.items_per_s:10.0f} {p.failures:8d}")
+    lines += [
+        "",
+        f"bottleneck: {bottleneck} (best read {read_best:.0f} img/s, "
+        f"best decode {decode_best:.0f} img/s)",
+        f"recommended: LoaderOptions(io_threads={io_threads}, decode_threads={decode_threads})"
+        f" -> about {min(read_best, decode_best):.0f} img/s on this machine",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The `gpu-loader` command end to end, in subprocesses, on a tiny generated dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_loader.datasets import make_image_folder
+
+SCRIPT = Path(sys.executable).with_name("gpu-loader")
+
+
+def run(*args: str, cache: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpu_loader.cli"]
+    env = {**os.environ, "GPU_LOADER_CACHE": str(cache)}
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_folder(
+        tmp_path_factory.mktemp("tiny"),
+        num_images=40,
+        num_classes=3,
+        seed=1,
+        min_side=64,
+        max_side=160,
+    )
+
+
+def test_console_script_is_installed() -> None:
+    assert SCRIPT.exists(), "pip install -e . should create the gpu-loader entry point"
+
+
+def test_help_lists_every_command(tmp_path: Path) -> None:
+    result = run("--help", cache=tmp_path)
+    assert result.returncode == 0
+    for command in ("demo", "make-dataset", "bench", "inspect"):
+        assert command in result.stdout
+        sub = run(command, "--help", cache=tmp_path)
+        assert sub.returncode == 0 and "usage: gpu-loader " + command in sub.stdout
+
+
+def test_demo_reports_numbers_and_writes_json(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stats.json"
+    log = tmp_path / "log.jsonl"
+    result = run(
+        "demo",
+        "--data",
+        str(tiny),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--size",
+        "64",
+        "--step-ms",
+        "5",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--log-jsonl",
+        str(log),
+        cache=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    for needle in ("throughput", "data stall", "GPU", "bottleneck", "decode", "failures"):
+        assert needle in text
+    assert "no GPU" in text or "GPU util" in text
+    stats = json.loads(out.read_text())["stats"]
+    assert stats["samples"] == 80 and stats["batches"] == 10
+    assert 0.0 <= stats["stall_fraction"] <= 1.0
+    assert stats["samples_per_s"] > 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines and lines[-1]["samples"] == 80
+
+
+def test_make_dataset_then_inspect(tmp_path: Path) -> None:
+    out = tmp_path / "made"
+    made = run(
+        "make-dataset",
+        str(out),
+        "--num",
+        "12",
+        "--classes",
+        "2",
+        "--min-side",
+        "64",
+        "--max-side",
+        "128",
+        cache=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr
+    files = [p for p in out.rglob("*") if p.suffix in {".jpg", ".png"}]
+    assert len(files) == 12
+    inspected = run(
+        "inspect", "--data", str(out), "--samples", "12", "--size", "32", cache=tmp_path
+    )
+    assert inspected.returncode == 0, inspected.stderr
+    assert "recommended: LoaderOptions(io_threads=" in inspected.stdout
+    assert "decode" in inspected.stdout and "read" in inspected.stdout
+
+
+def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = run(
+        "bench", "--only", "cpu_loaders", "--quick", "--out", str(out), cache=tmp_path, timeout=400
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((out / "cpu_loaders.json").read_text())
+    systems = {row["system"] for row in data["rows"] if row.get("img_per_s")}
+    assert {"gpu_loader", "dataloader_pillow_w2"} <= systems
+    assert data["machine"]["cpu_count"] >= 1
+    png = (out / "cpu_loaders.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    assert "| train | gpu_loader |" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("demo", "--data", "/no/such/folder"), "no such folder"),
+        (("demo", "--epochs", "zero"), "invalid int value"),
+        (("demo", "--epochs", "0", "--data", "."), "--epochs must be > 0"),
+        (("inspect",), "required"),
+        (("bench", "--only", "nonsense"), "unknown benchmark"),
+        (("frobnicate",), "invalid choice"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(
+    args: tuple[str, ...], needle: str, tmp_path: Path
+) -> None:
+    result = run(*args, cache=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert needle in lines[0]
+
+
+def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run("demo", "--data", str(empty), cache=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert str(empty) in result.stderr
