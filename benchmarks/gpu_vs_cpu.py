@@ -1,0 +1,254 @@
+"""GPU decode vs CPU decode + copy vs DALI's GPU pipeline: img/s and NVML GPU utilisation.
+
+Systems, each in its own process, on the same generated photos (RandomResizedCrop 224,
+flip, normalise, float32, batch 64), one pass after warm-up batches:
+
+- ``stage_cuda``: gpu_loader's GPU batch stage built directly (pinned arena fetch ->
+  nvImageCodec batch decode on per-thread streams -> fused kernel -> hand-off);
+- ``loader_cuda``: ``ImageLoader(device="cuda")`` as the loader currently wires it;
+- ``loader_cpu_h2d``: ``ImageLoader(device="cpu")`` (pinned) + ``.to("cuda", non_blocking=True)``;
+- ``dali_gpu``: DALI with ``fn.decoders.image(device="mixed")`` and GPU resize/normalise.
+
+Without a usable CUDA device it prints that it needs one and exits 0 (nothing written).
+No result from this file has been measured yet: it was written on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpu_loader.benchmarks._common import format_table, run_worker, write_results
+
+BATCH = 64
+SIZE = 224
+WARMUP_BATCHES = 5
+SYSTEMS = ("stage_cuda", "loader_cuda", "loader_cpu_h2d", "dali_gpu")
+
+
+class NvmlUtilisation:
+    """Samples NVML's GPU utilisation (percent of time a kernel ran) every 100 ms."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-util", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:  # no NVML: the row says "-" for utilisation
+            return
+        while not self._stop.wait(0.1):
+            self.samples.append(int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+
+    def __enter__(self) -> NvmlUtilisation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+# ------------------------------------------------------------------ systems (worker side)
+def _transform() -> Any:
+    from gpu_loader.ops import TrainTransform
+
+    return TrainTransform(SIZE)
+
+
+@dataclass
+class _Task:
+    position: int
+    index: int
+    key: str
+
+
+def iter_stage_cuda(data: Path) -> Iterator[tuple[Any, Any]]:
+    import numpy as np
+
+    from gpu_loader.cuda import GpuBatchStage, GpuFetcher, PinnedArena, cuda_ports, handoff
+    from gpu_loader.pipeline import PipelineBuilder
+    from gpu_loader.sources import ImageFolder
+
+    source = ImageFolder(data)
+    ports = cuda_ports("cuda")
+    transform = _transform()
+    arena = PinnedArena(256 << 20, allocator=ports.runtime.alloc_pinned)
+    stop = threading.Event()
+    fetcher = GpuFetcher(source, arena, transform, seed=0, epoch=0, stop_event=stop)
+    stage = GpuBatchStage(ports, transform, source.labels, dtype="float32")
+    order = np.random.default_rng(0).permutation(len(source))
+    tasks = (_Task(p, int(i), source.key(int(i))) for p, i in enumerate(order))
+    pipeline = (
+        PipelineBuilder()
+        .add_source(tasks)
+        .pipe(fetcher, concurrency=8, name="fetch", output_order="completion")
+        .aggregate(BATCH)
+        .pipe(stage, concurrency=2, name="gpu_batch", worker_init=stage.worker_init)
+        .add_sink(buffer_size=3)
+        .build()
+    )
+    try:
+        with pipeline:
+            for batch in pipeline:
+                yield handoff(batch)
+    finally:
+        stop.set()
+
+
+def iter_loader(device: str) -> Callable[[Path], Iterator[tuple[Any, Any]]]:
+    def run(data: Path) -> Iterator[tuple[Any, Any]]:
+        import gpu_loader as gl
+
+        loader = gl.ImageLoader(
+            gl.sources.ImageFolder(data),
+            batch_size=BATCH,
+            transform=_transform(),
+            device=device,
+            dtype="float32",
+            options=gl.LoaderOptions(pin_memory=True) if device == "cpu" else None,
+        )
+        with loader:
+            for images, labels in loader:
+                if device == "cpu":  # the copy the training loop would make
+                    images = images.to("cuda", non_blocking=True)
+                    labels = labels.to("cuda", non_blocking=True)
+                yield images, labels
+
+    return run
+
+
+def iter_dali(data: Path) -> Iterator[tuple[Any, Any]]:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    files = sorted(str(p) for p in data.rglob("*") if p.suffix in (".jpg", ".png"))
+    classes = sorted({Path(f).parent.name for f in files})
+    labels = [classes.index(Path(f).parent.name) for f in files]
+    t = _transform()
+
+    @pipeline_def(batch_size=BATCH, num_threads=4, device_id=0, seed=0)  # type: ignore[untyped-decorator]
+    def pipe() -> Any:
+        jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=True, name="r")
+        images = fn.decoders.image_random_crop(
+            jpegs, device="mixed", output_type=types.RGB, random_area=[0.08, 1.0]
+        )
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE, antialias=True)
+        images = fn.crop_mirror_normalize(
+            images,
+            mirror=fn.random.coin_flip(probability=0.5),
+            mean=[255 * m for m in t.mean],
+            std=[255 * s for s in t.std],
+            output_layout="CHW",
+            dtype=types.FLOAT,
+        )
+        return images, label.gpu()
+
+    loader = DALIGenericIterator(pipe(), ["images", "labels"], reader_name="r")
+    for out in loader:
+        yield out[0]["images"], out[0]["labels"]
+
+
+RUNNERS: dict[str, Callable[[Path], Iterable[tuple[Any, Any]]]] = {
+    "stage_cuda": iter_stage_cuda,
+    "loader_cuda": iter_loader("cuda"),
+    "loader_cpu_h2d": iter_loader("cpu"),
+    "dali_gpu": iter_dali,
+}
+
+
+def measure(system: str, data: Path) -> dict[str, Any]:
+    import torch
+
+    images = 0
+    t0 = 0.0
+    iterator = iter(RUNNERS[system](data))
+    with NvmlUtilisation() as util:
+        for batches, (batch, _) in enumerate(iterator, start=1):
+            if batches == WARMUP_BATCHES:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                util.samples.clear()
+            elif batches > WARMUP_BATCHES:
+                images += int(batch.shape[0])
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+    return {"images": images, "wall_s": wall, "img_per_s": images / wall, "gpu_util": util.mean()}
+
+
+# ------------------------------------------------------------------ the parent process
+def available(system: str) -> str | None:
+    from gpu_loader._optional import is_importable
+
+    if system == "dali_gpu" and not is_importable("nvidia.dali"):
+        return "nvidia-dali-cuda120 is not installed (pip install 'gpu-loader[bench]')"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
+    parser.add_argument("--num-images", type=int, default=4000)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--quick", action="store_true", help="1000 images")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    from gpu_loader.cuda import cuda_available
+
+    if not cuda_available():
+        print("gpu_vs_cpu needs a usable CUDA GPU and none is visible here; nothing measured.")
+        return 0
+    if args.worker:
+        import json
+
+        print(json.dumps(measure(args.worker, args.data)))
+        return 0
+
+    from gpu_loader.benchmarks.cpu_loaders import ensure_dataset  # the same data recipe
+
+    data = ensure_dataset(args.data, 1000 if args.quick else args.num_images)
+    rows = []
+    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        why = available(system)
+        if why is not None:
+            print(f"[skip] {system}: {why}", file=sys.stderr)
+            continue
+        print(f"[run] {system} ...", file=sys.stderr, flush=True)
+        argv_w = ["-m", "gpu_loader.benchmarks.gpu_vs_cpu", "--worker", system, "--data", str(data)]
+        result, pss = run_worker(argv_w)
+        rows.append({"system": system, "peak_pss_mb": pss, **result})
+    columns = [
+        ("system", "system"),
+        ("img_per_s", "img/s"),
+        ("gpu_util", "GPU util %"),
+        ("peak_pss_mb", "peak PSS MB"),
+        ("error", "error"),
+    ]
+    print(format_table(rows, columns))
+    path = write_results("gpu_vs_cpu", {"batch_size": BATCH, "size": SIZE, "rows": rows}, args.out)
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""benchmarks/gpu_vs_cpu.py without a GPU: says it needs one, exits 0, writes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_loader.cuda import cuda_available
+
+
+@pytest.mark.skipif(cuda_available(), reason="a GPU is present: the benchmark would run")
+def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_vs_cpu.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_loader.benchmarks.gpu_vs_cpu", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "needs a usable CUDA GPU" in result.stdout
+    assert not out.exists()
