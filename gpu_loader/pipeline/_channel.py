@@ -1,8 +1,15 @@
 """Bounded hand-off between stages that gives up when the pipeline stops.
 
+A channel is two C-level ``queue.SimpleQueue`` objects: ``data`` carries items and
+``credits`` holds one token per free slot. A producer takes a credit before it puts an
+item; the consumer returns the credit after it takes one. So at most ``capacity`` items
+wait in ``data`` (the bound), and both sides block in C on a lock instead of in
+``queue.Queue``'s Python-level condition variables, which costs less per item.
+
 Every blocking call waits at most ``POLL_S`` at a time and then looks at the stop event,
 so ``close()`` can join every thread within a few poll periods even when stages are
-blocked on a full or an empty queue.
+blocked on a full or an empty channel. Hot loops call ``data``/``credits`` directly and
+fall back to the stop-aware ``get``/``put`` below only after a poll period of waiting.
 """
 
 from __future__ import annotations
@@ -28,37 +35,42 @@ class Stopped(Exception):
 
 
 class Channel:
-    """A bounded FIFO between two stages (``queue.Queue`` plus stop-aware waits)."""
+    """A bounded FIFO between two stages, with stop-aware waits."""
 
-    __slots__ = ("capacity", "q", "stop")
+    __slots__ = ("capacity", "credits", "data", "stop")
 
     def __init__(self, capacity: int, stop: threading.Event) -> None:
         self.capacity = capacity
-        self.q: queue.Queue[Any] = queue.Queue(capacity)
+        self.data: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.credits: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(capacity):
+            self.credits.put(None)
         self.stop = stop
 
     def get(self) -> Any:
-        q, stop = self.q, self.stop
+        data_get, stop = self.data.get, self.stop
         while True:
             if stop.is_set():
                 raise Stopped
             try:
-                return q.get(timeout=POLL_S)
+                item = data_get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            self.credits.put(None)
+            return item
 
     def put(self, item: Any) -> None:
-        q, stop = self.q, self.stop
+        credit_get, stop = self.credits.get, self.stop
         while True:
             if stop.is_set():
                 raise Stopped
             try:
-                q.put(item, timeout=POLL_S)
-                return
-            except queue.Full:
+                credit_get(timeout=POLL_S)
+            except queue.Empty:
                 continue
+            self.data.put(item)
+            return
 
     def occupancy(self) -> int:
-        # len() of the underlying deque needs no lock: deque length reads are atomic
-        # with the GIL and under free-threading's per-object locking alike.
-        return len(self.q.queue)
+        """Items waiting now (a C-level read, safe from any thread)."""
+        return self.data.qsize()

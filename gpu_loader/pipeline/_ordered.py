@@ -38,21 +38,24 @@ class OrderedPipeStage(PipeStage):
     ) -> None:
         inq = self.inq
         assert inq is not None
-        q_get, in_deque, add_task = inq.q.get, inq.q.queue, counters.add_task
+        data_get, credit_back, occupancy = inq.data.get, inq.credits.put, inq.data.qsize
+        add_task = counters.add_task
         generator = self.spec.is_generator
         pc = time.perf_counter
         stopping = inq.stop.is_set
         while True:
             if stopping():
                 raise Stopped
-            occ = len(in_deque)
+            occ = occupancy()
             t0 = pc()
             self._acquire_window(inq)
             with self._take_lock:
                 try:  # direct get; the stop-aware Channel.get only after a poll period
-                    item = q_get(timeout=POLL_S)
+                    item = data_get(timeout=POLL_S)
                 except queue.Empty:
                     item = inq.get()
+                else:
+                    credit_back(None)
                 seq = self._next_take
                 self._next_take += 1
             t1 = pc()
@@ -96,7 +99,9 @@ class OrderedPipeStage(PipeStage):
             # Put outside the lock: others keep depositing while we wait on backpressure.
             for value in ready:
                 try:
-                    out.q.put(value, timeout=POLL_S)
-                except queue.Full:
+                    out.credits.get(timeout=POLL_S)
+                except queue.Empty:
                     out.put(value)
+                else:
+                    out.data.put(value)
             self._window.release()

@@ -137,19 +137,22 @@ class PipeStage(Stage):
         assert inq is not None and out is not None
         # The hot path talks to the queues directly (no Channel frames) and falls back to
         # the stop-aware Channel methods only when a wait runs past one poll period.
-        in_q, out_q, stopping = inq.q, out.q, inq.stop.is_set
-        in_deque, q_get, q_put = in_q.queue, in_q.get, out_q.put
+        stopping, occupancy = inq.stop.is_set, inq.data.qsize
+        data_get, credit_back = inq.data.get, inq.credits.put
+        credit_get, data_put = out.credits.get, out.data.put
         add_task, generator, lane = counters.add_task, self.spec.is_generator, self._lane
         pc = time.perf_counter
         t0 = pc()
         while True:
             if stopping():
                 raise Stopped
-            occ = len(in_deque)
+            occ = occupancy()
             try:
-                item = q_get(timeout=POLL_S)
+                item = data_get(timeout=POLL_S)
             except queue.Empty:
                 item = inq.get()
+            else:
+                credit_back(None)
             t1 = pc()
             if item is EOS:
                 self.saw_eos(inq)
@@ -166,9 +169,11 @@ class PipeStage(Stage):
             if not skipped and result is not _DROPPED:
                 for value in result if generator else (result,):
                     try:
-                        q_put(value, timeout=POLL_S)
-                    except queue.Full:
+                        credit_get(timeout=POLL_S)
+                    except queue.Empty:
                         out.put(value)
+                    else:
+                        data_put(value)
             t3 = pc()
             add_task(t2 - t1, t1 - t0, t3 - t2, occ, skipped)
             t0 = t3  # the next wait for input starts here

@@ -169,19 +169,26 @@ class Pipeline:
 
     def _iterate(self) -> Iterator[Any]:
         core = self._core
-        rt, q, add = core.rt, core.sink.q, core.consumer.add_task
+        rt, sink, add = core.rt, core.sink, core.consumer.add_task
+        stopping, occupancy, data_get, credit_back = (
+            rt.stop.is_set,
+            sink.data.qsize,
+            sink.data.get,
+            sink.credits.put,
+        )
         try:
             while True:
-                if rt.stop.is_set():
+                if stopping():
                     break
-                occupancy = len(q.queue)
+                occ = occupancy()
                 try:
-                    item = q.get(timeout=POLL_S)
+                    item = data_get(timeout=POLL_S)
                 except queue.Empty:
                     continue
+                credit_back(None)
                 if item is EOS:
                     break
-                add(0.0, 0.0, 0.0, occupancy, False)
+                add(0.0, 0.0, 0.0, occ, False)
                 yield item
             if rt.fatal is not None:
                 raise rt.fatal

@@ -98,7 +98,7 @@ class SourceStage(Stage):
         assert out is not None
         counters = self.counters.new_worker()
         add_task, pc = counters.add_task, time.perf_counter
-        q_put, stopping = out.q.put, out.stop.is_set
+        credit_get, data_put, stopping = out.credits.get, out.data.put, out.stop.is_set
         try:
             it = iter(self._iterable)
             sentinel = object()
@@ -111,9 +111,11 @@ class SourceStage(Stage):
                 if stopping():
                     raise Stopped
                 try:  # direct put; the stop-aware Channel.put only after a poll period
-                    q_put(item, timeout=POLL_S)
-                except queue.Full:
+                    credit_get(timeout=POLL_S)
+                except queue.Empty:
                     out.put(item)
+                else:
+                    data_put(item)
                 t2 = pc()
                 add_task(t1 - t0, 0.0, t2 - t1, 0, False)
                 t0 = t2
