@@ -1,0 +1,43 @@
+"""examples/train_classifier.py: a short real training run through ImageLoader learns."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from gpu_loader.datasets import make_image_folder
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_classifier.py"
+
+
+@pytest.mark.slow
+def test_short_training_run_reduces_the_loss(tmp_path: Path) -> None:
+    data = make_image_folder(
+        tmp_path / "data", num_images=192, num_classes=3, seed=5, min_side=64, max_side=128
+    )
+    spec = importlib.util.spec_from_file_location("train_classifier", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    history = module.main(
+        [
+            "--data",
+            str(data),
+            "--epochs",
+            "4",
+            "--batch-size",
+            "16",
+            "--size",
+            "48",
+            "--device",
+            "cpu",
+            "--lr",
+            "0.02",
+        ]
+    )
+    assert len(history) == 4
+    assert history[-1]["loss"] < 0.8 * history[0]["loss"]
+    assert history[-1]["accuracy"] > 0.5  # chance is 1/3
+    assert all(0.0 <= h["stall_percent"] <= 100.0 for h in history)
