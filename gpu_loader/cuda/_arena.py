@@ -48,6 +48,8 @@ class Slice:
     """The reserved bytes, a uint8 view into the arena."""
     arena: PinnedArena = field(repr=False)
     """The arena it came from."""
+    generation: int = 0
+    """The arena's reset count when the slice was handed out."""
     released: bool = False
     """Set by ``release``; a released slice must not be used."""
 
@@ -117,6 +119,7 @@ class PinnedArena:
         self._live = 0
         self._acquires = 0
         self._waits = 0
+        self._generation = 0  # bumped by reset(): older slices are then already given back
 
     # -- allocation --------------------------------------------------------------------
     def acquire(
@@ -165,7 +168,7 @@ class PinnedArena:
             self._live += 1
             self._acquires += 1
             self._waits += int(waited)
-        return Slice(offset, size, self._buf[offset : offset + size], self)
+        return Slice(offset, size, self._buf[offset : offset + size], self, self._generation)
 
     def release(self, piece: Slice) -> None:
         """Give a slice back; its bytes may be handed out again at once."""
@@ -173,12 +176,30 @@ class PinnedArena:
             if piece.released:
                 raise ValueError(f"arena slice at offset {piece.offset} was released twice")
             piece.released = True
+            if piece.generation != self._generation:
+                return  # reclaimed by reset() already
             if self._poison:
                 piece.buffer.fill(0xEE)
             self._give(piece.offset, piece.capacity)
             self._in_use -= piece.capacity
             self._live -= 1
             self._cond.notify_all()
+
+    def reset(self) -> int:
+        """Reclaim every slice still out; returns how many there were.
+
+        For the end of an epoch: samples dropped in queues when a pipeline stops never
+        reach the stage that releases them. Call it only once the pipeline is closed and
+        the device has passed every decode (no slice can still be read).
+        """
+        with self._cond:
+            lost = self._live
+            self._free = [(0, self.capacity)]
+            self._in_use = 0
+            self._live = 0
+            self._generation += 1
+            self._cond.notify_all()
+        return lost
 
     def stats(self) -> ArenaStats:
         with self._cond:

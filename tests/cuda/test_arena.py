@@ -171,3 +171,16 @@ def test_bad_allocator_and_capacity() -> None:
         PinnedArena(10)
     with pytest.raises(ValueError, match="flat uint8"):
         PinnedArena(1024, allocator=lambda n: np.empty(n // 8, np.float64))
+
+
+def test_reset_reclaims_slices_lost_at_a_stop() -> None:
+    arena = PinnedArena(4 * ALIGN)
+    lost = [arena.acquire(ALIGN) for _ in range(3)]
+    kept = lost.pop()
+    assert arena.reset() == 3
+    assert arena.stats().in_use == 0
+    whole = arena.acquire(4 * ALIGN)  # all of it is free again
+    kept.release()  # a slice from before the reset: already reclaimed, no double free
+    assert arena.stats().in_use == 4 * ALIGN
+    whole.release()
+    assert arena.stats().live_slices == 0
