@@ -25,7 +25,10 @@ class OrderedPipeStage(PipeStage):
     def __init__(self, spec: PipeSpec) -> None:
         super().__init__(spec)
         self.window = 2 * spec.concurrency
-        self._window = threading.Semaphore(self.window)
+        # Window slots as tokens in a C-level queue: cheaper than threading.Semaphore.
+        self._window: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(self.window):
+            self._window.put(None)
         self._take_lock = threading.Lock()
         self._next_take = 0
         self._out_lock = threading.Lock()
@@ -60,7 +63,7 @@ class OrderedPipeStage(PipeStage):
                 self._next_take += 1
             t1 = pc()
             if item is EOS:
-                self._window.release()
+                self._window.put(None)
                 self.saw_eos(inq)
                 return
             try:
@@ -77,9 +80,13 @@ class OrderedPipeStage(PipeStage):
             add_task(t2 - t1, t1 - t0, pc() - t2, occ, skipped)
 
     def _acquire_window(self, inq: Channel) -> None:
-        while not self._window.acquire(timeout=POLL_S):
-            if inq.stop.is_set():
-                raise Stopped
+        while True:
+            try:
+                self._window.get(timeout=POLL_S)
+                return
+            except queue.Empty:
+                if inq.stop.is_set():
+                    raise Stopped from None
 
     def _deposit(self, seq: int, outs: Sequence[Any]) -> None:
         with self._out_lock:
@@ -104,4 +111,4 @@ class OrderedPipeStage(PipeStage):
                     out.put(value)
                 else:
                     out.data.put(value)
-            self._window.release()
+            self._window.put(None)
