@@ -175,6 +175,33 @@ def metadata_block() -> dict[str, Any]:
     }
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The README table: one row per shape, one column per engine."""
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    cells: dict[tuple[str, ...], dict[str, str]] = {}
+    for r in rows:
+        if r["shape"].startswith("a"):
+            key = ("(a) 3 no-op stages, items/s", str(r["concurrency"]), r["output_order"])
+            cell = f"{r['items_per_s']:,.0f}"
+        else:
+            key = ("(b) 1 ms wait, efficiency", str(r["concurrency"]), r["output_order"])
+            cell = f"{r['efficiency']:.0%} ({r['items_per_s']:,.0f}/s)"
+        cells.setdefault(key, {})[r["engine"]] = cell
+    lines = [
+        "| shape | conc | order | " + " | ".join(engines) + " |",
+        "|---|---|---|" + "---|" * len(engines),
+    ]
+    for key, by_engine in cells.items():
+        lines.append(
+            "| "
+            + " | ".join(key)
+            + " | "
+            + " | ".join(by_engine.get(e, "") for e in engines)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few items, one repeat")
@@ -243,6 +270,7 @@ def main() -> None:
         "machine": metadata_block(),
         "rows": rows,
     }
+    print(markdown_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
