@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import signal
 import subprocess
 import sys
 import textwrap
@@ -190,3 +191,37 @@ def test_interpreter_exit_with_a_running_pipeline() -> None:
     assert result.stdout.split() == ["0", "1"]
     assert "still running" not in result.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_real_ctrl_c_while_the_consumer_waits() -> None:
+    code = textwrap.dedent(
+        """
+        import threading, time
+        from gpu_loader.pipeline import PipelineBuilder
+        def slow(x):
+            time.sleep(0.3)
+            return x
+        p = PipelineBuilder().add_source(range(10**6)).pipe(slow, concurrency=2)
+        p = p.add_sink(2).build()
+        try:
+            with p:
+                print("ready", flush=True)
+                for _ in p:
+                    pass
+        except KeyboardInterrupt:
+            left = [t.name for t in threading.enumerate() if t.name.startswith("gpu_loader-")]
+            print("interrupted", left, flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # the consumer is now blocked waiting for an item
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out.strip() == "interrupted []"
+    assert time.monotonic() - t0 < 5
