@@ -126,10 +126,15 @@ class Pipeline:
                 return self
             self._state = "running"
         core = self._core
-        core.start()
-        interval, on_report = self._report
-        if interval is not None:
-            core.rt.spawn(lambda: core.report(interval, on_report), "reporter")
+        try:
+            core.start()
+            interval, on_report = self._report
+            if interval is not None:
+                core.rt.spawn(lambda: core.report(interval, on_report), "reporter")
+        except BaseException:
+            # e.g. "can't start new thread": join the threads that did start, then re-raise.
+            self.close()
+            raise
         return self
 
     def close(self) -> None:

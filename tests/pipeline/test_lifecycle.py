@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,23 @@ def test_real_ctrl_c_while_the_consumer_waits() -> None:
     assert proc.returncode == 0, err
     assert out.strip() == "interrupted []"
     assert time.monotonic() - t0 < 5
+
+
+def test_a_failed_start_joins_the_threads_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_loader.pipeline import _runtime
+
+    real_spawn = _runtime.Runtime.spawn
+    calls = []
+
+    def flaky_spawn(self: _runtime.Runtime, target: Any, name: str) -> bool:
+        calls.append(name)
+        if len(calls) == 3:
+            raise RuntimeError("can't start new thread")
+        return real_spawn(self, target, name)
+
+    monkeypatch.setattr(_runtime.Runtime, "spawn", flaky_spawn)
+    p = busy_pipeline()
+    with pytest.raises(RuntimeError, match="new thread"):
+        p.start()
+    assert len(calls) == 3
+    assert pipeline_threads() == []
