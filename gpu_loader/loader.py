@@ -9,7 +9,6 @@ are assembled from whichever samples are ready (see `gpu_loader.batching`).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import threading
@@ -18,15 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
-from gpu_loader.batching import (
-    AdaptiveThreshold,
-    Batch,
-    BatcherStats,
-    OrderedBatcher,
-    StragglerBatcher,
-)
+from gpu_loader._epoch import CpuEpoch, EpochBase
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -34,16 +25,18 @@ from gpu_loader.monitor import (
     ProgressReporter,
     nvml_indices_for_cuda,
 )
-from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform, load_into
-from gpu_loader.pipeline import FailureRecord, PipelineBuilder, SlowLane
-from gpu_loader.sources import SampleIndex, Sampler, sample_rng
+from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform
+from gpu_loader.sources import SampleIndex, Sampler
 
 if TYPE_CHECKING:
     import torch
 
+    from gpu_loader.batching import BatcherStats
+    from gpu_loader.cuda import GpuPorts, PinnedArena
     from gpu_loader.monitor import LoaderStats
 
 Batching = Literal["ordered", "straggler"]
+DecodeOn = Literal["auto", "cpu", "gpu"]
 OnError = Literal["skip", "raise"]
 Device = Literal["cpu", "cuda", "auto"]
 _STATE_VERSION = 1
@@ -76,6 +69,17 @@ class LoaderOptions:
     """Append a `stats().as_dict()` line to this file every `log_interval_s` seconds."""
     log_interval_s: float = 10.0
     """Seconds between JSON-lines snapshots."""
+    decode_on: DecodeOn = "auto"
+    """Where images are decoded and transformed: ``auto`` is the GPU when the device is
+    CUDA (nvImageCodec batch decode + fused kernels), else the CPU."""
+    gpu_streams: int = 2
+    """GPU path: worker threads, each with its own CUDA stream and decoder."""
+    arena_bytes: int = 256 * 2**20
+    """GPU path: pinned host memory for fetched bytes; bounds the bytes in flight."""
+    gpu_ports: GpuPorts | None = None
+    """GPU path: the device ports (decode, kernel launch, runtime). None means the CUDA
+    implementations; tests pass `gpu_loader.cuda.standin_ports()` to run the GPU
+    orchestration on the CPU."""
 
     def __post_init__(self) -> None:
         for name in ("decode_threads", "io_threads", "max_slow_threads"):
@@ -92,6 +96,14 @@ class LoaderOptions:
             )
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
             raise ValueError(f"`max_pixels` must be an int >= 1, got {self.max_pixels!r}")
+        if self.decode_on not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"`decode_on` must be 'auto', 'cpu' or 'gpu', got {self.decode_on!r}")
+        if not isinstance(self.gpu_streams, int) or self.gpu_streams < 1:
+            raise ValueError(f"`gpu_streams` must be an int >= 1, got {self.gpu_streams!r}")
+        if not isinstance(self.arena_bytes, int) or self.arena_bytes < 2**20:
+            raise ValueError(
+                f"`arena_bytes` must be an int >= 1 MiB (2**20), got {self.arena_bytes!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -106,15 +118,6 @@ class FailedSample:
     """``ExceptionType: message``."""
     epoch: int
     """The epoch it failed in."""
-
-
-@dataclass
-class _Task:
-    position: int
-    index: int
-    key: str
-    data: bytes | None = None
-    out: Any = None
 
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16", "uint8")
@@ -188,7 +191,6 @@ class ImageLoader:
         self.decode_threads = self.options.decode_threads or cpus
         self.io_threads = self.options.io_threads or _default_io_threads(source)
         self._resume: dict[str, Any] | None = None
-        self._batcher: OrderedBatcher[Any] | StragglerBatcher[Any] | None = None
         self._epoch_done = False
         self._explicit_epoch = False
         self._failed: list[FailedSample] = []
@@ -196,9 +198,11 @@ class ImageLoader:
         self._last_batcher_stats: BatcherStats | None = None
         # A weak reference: the epoch's generator (held by the training loop) keeps the
         # loader alive, never the other way round, so dropping both frees their threads.
-        self._active: weakref.ref[_Epoch] | None = None
+        self._active: weakref.ref[EpochBase] | None = None
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
+        self._arena: PinnedArena | None = None
+        self._arena_ports: GpuPorts | None = None
         self._logger: JsonlLogger | None = None
 
     # -- the torch-facing surface ---------------------------------------------------------
@@ -224,7 +228,13 @@ class ImageLoader:
         self._epoch_done = False
         self._explicit_epoch = False
         self._stop_epoch()
-        epoch = _Epoch(self, self._resume)
+        epoch: EpochBase
+        if self._decode_on_gpu():
+            from gpu_loader._gpu_epoch import GpuEpoch
+
+            epoch = GpuEpoch(self, self._resume)
+        else:
+            epoch = CpuEpoch(self, self._resume)
         self._resume = None
         self._active = weakref.ref(epoch)
         return epoch.batches()
@@ -241,7 +251,7 @@ class ImageLoader:
         }
         active = self._epoch()
         if active is not None and not active.finished:
-            state["batcher"] = active.batcher.state_dict()
+            state["batcher"] = active.received.state()
         elif self._resume is not None:
             state["batcher"] = self._resume
         return state
@@ -275,7 +285,7 @@ class ImageLoader:
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
         active = self._epoch()
-        engine = active.pipeline.stats() if active is not None else self._last_engine_stats
+        engine = active.engine_stats() if active is not None else self._last_engine_stats
         monitor = self._monitor or _make_monitor(self)
         return monitor.stats(engine, failures=len(self.failed_samples()))
 
@@ -316,7 +326,7 @@ class ImageLoader:
         if active is not None:
             active.close()
 
-    def _epoch(self) -> _Epoch | None:
+    def _epoch(self) -> EpochBase | None:
         return self._active() if self._active is not None else None
 
     def _monitor_for_epoch(self) -> Monitor:
@@ -332,7 +342,38 @@ class ImageLoader:
             self._logger.start()
         return self._monitor
 
-    # -- called by _Epoch ----------------------------------------------------------------
+    # -- called by the epochs -------------------------------------------------------------
+    def _make_progress(self, samples: int) -> ProgressReporter | None:
+        if not self.options.progress:
+            return None
+        return ProgressReporter(samples, desc=f"epoch {self.epoch}")
+
+    def _pin_batches(self) -> bool:
+        """Pin CPU batches that will be copied to a CUDA device (faster, asynchronous)."""
+        if self.device.type != "cuda":
+            return False
+        return self.options.pin_memory is not False
+
+    def _gpu_arena(self, ports: GpuPorts) -> PinnedArena:
+        """The pinned arena for fetched bytes, allocated once and reused every epoch."""
+        from gpu_loader.cuda import PinnedArena
+
+        if self._arena is None or self._arena_ports is not ports:
+            self._arena = PinnedArena(
+                self.options.arena_bytes, allocator=ports.runtime.alloc_pinned
+            )
+            self._arena_ports = ports
+        return self._arena
+
+    def _decode_on_gpu(self) -> bool:
+        mode = self.options.decode_on
+        if mode == "gpu" and self.device.type != "cuda" and self.options.gpu_ports is None:
+            raise ValueError(
+                "LoaderOptions(decode_on='gpu') needs device='cuda' (or gpu_ports for tests); "
+                f"this loader's device is {self.device}"
+            )
+        return mode == "gpu" or (mode == "auto" and self.device.type == "cuda")
+
     def _epoch_closed(
         self, records: list[FailedSample], engine_stats: Any, batcher_stats: BatcherStats
     ) -> None:
@@ -343,272 +384,6 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
-
-
-class _Epoch:
-    """One pass: the pipeline, the batcher and the bounded window between them."""
-
-    def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
-        import torch
-
-        self.loader = loader
-        self.finished = False
-        self.epoch = loader.epoch
-        self.indices = loader.sampler.indices()
-        opts = loader.options
-        n = len(self.indices)
-        size = loader.batch_size
-        if loader.batching == "straggler":
-            self.batcher: OrderedBatcher[Any] | StragglerBatcher[Any] = StragglerBatcher(
-                size, n, max_delay_batches=opts.max_delay_batches, drop_last=loader.drop_last
-            )
-        else:
-            self.batcher = OrderedBatcher(size, n, drop_last=loader.drop_last)
-        if resume is not None:
-            self.batcher.load_state_dict(resume)
-        self.todo = self.batcher.remaining_positions()
-        self.window = size * (opts.prefetch_batches + opts.max_delay_batches + 1)
-        self.in_flight = 0
-        self.cond = threading.Condition()
-        self.stopping = threading.Event()
-        self.failed_positions: collections.deque[int] = collections.deque()
-        self.stream_done = False
-        self.tail: collections.deque[Batch[Any]] = collections.deque()
-        self.torch_dtype = getattr(torch, loader.dtype)
-        self.out_h, self.out_w = loader.transform.output_size
-        self.pin = _want_pin(loader)
-        self.buffers: dict[int, torch.Tensor] = {}
-        # Straggler mode: per-sample outputs, recycled after they are copied into a batch
-        # (at most `window` exist). deque.append/pop are atomic, so no lock is needed.
-        self.spare: collections.deque[torch.Tensor] = collections.deque()
-        self.buffers_lock = threading.Lock()
-        self.pipeline = self._build()
-
-    # -- pipeline ------------------------------------------------------------------------
-    def _slow_lane(self, threads: int) -> SlowLane | None:
-        """Straggler mode: a task running past the adaptive threshold moves its worker to
-        a slow lane and a replacement keeps the stage at strength (each stage learns its
-        own threshold: slow reads and slow decodes are different populations)."""
-        if self.loader.batching != "straggler":
-            return None
-        limit = self.loader.options.max_slow_threads or threads
-        # p75 x 4 rather than a high percentile: with 10% stragglers p95 *is* a straggler,
-        # and a threshold above it would never move one. The floor keeps thread churn away
-        # from tasks too short to matter.
-        threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
-        return SlowLane(max_threads=limit, threshold=threshold)
-
-    def _build(self) -> Any:
-        loader = self.loader
-        order: Literal["completion"] = "completion"
-        return (
-            PipelineBuilder()
-            .add_source(self._source())
-            .pipe(
-                self._read,
-                concurrency=loader.io_threads,
-                name="read",
-                output_order=order,
-                max_failures=loader.max_failures,
-                key_fn=_task_key,
-                slow_lane=self._slow_lane(loader.io_threads),
-            )
-            .pipe(
-                self._decode,
-                concurrency=loader.decode_threads,
-                name="decode",
-                output_order=order,
-                max_failures=loader.max_failures,
-                key_fn=_task_key,
-                slow_lane=self._slow_lane(loader.decode_threads),
-            )
-            .add_sink(buffer_size=max(2, loader.batch_size))
-            .build()
-        )
-
-    def _source(self) -> Iterator[_Task]:
-        """Positions to run, holding back while `window` samples are in flight."""
-        source = self.loader.source
-        for position in self.todo:
-            with self.cond:
-                while self.in_flight >= self.window and not self.stopping.is_set():
-                    self.cond.wait(0.05)
-                if self.stopping.is_set():
-                    return
-                self.in_flight += 1
-            index = int(self.indices[position])
-            self.batcher.started(position)
-            yield _Task(position, index, source.key(index))
-
-    def _read(self, task: _Task) -> _Task:
-        try:
-            task.data = self.loader.source.read(task.index)
-        except BaseException:
-            self.failed_positions.append(task.position)
-            raise
-        return task
-
-    def _decode(self, task: _Task) -> _Task:
-
-        loader = self.loader
-        try:
-            out = self._slot(task.position)
-            target = _as_numpy(out)
-            load_into(
-                task.data or b"",
-                loader.transform,
-                sample_rng(loader.seed, self.epoch, task.index),
-                target,
-                dtype=loader.dtype,
-                key=task.key,
-                max_pixels=loader.options.max_pixels,
-            )
-        except BaseException:
-            self.failed_positions.append(task.position)
-            raise
-        task.data = None
-        task.out = out if loader.batching == "straggler" else None
-        return task
-
-    def _new_batch(self, rows: int) -> torch.Tensor:
-        import torch
-
-        shape = (rows, 3, self.out_h, self.out_w)
-        return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
-
-    def _slot(self, position: int) -> torch.Tensor:
-        """Where this sample's output goes: its slot in its batch tensor (ordered mode)."""
-        import torch
-
-        if self.loader.batching == "straggler":
-            try:
-                return self.spare.pop()
-            except IndexError:
-                return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
-        plan = self.batcher.plan
-        b = position // plan.batch_size
-        with self.buffers_lock:
-            buf = self.buffers.get(b)
-            if buf is None:
-                buf = self._new_batch(len(plan.batch_range(b)))
-                self.buffers[b] = buf
-        return buf[position - b * plan.batch_size]
-
-    # -- consuming -----------------------------------------------------------------------
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        loader = self.loader
-        monitor = loader._monitor_for_epoch()
-        progress = _make_progress(loader, len(self.todo))
-        try:
-            with self.pipeline:
-                stream = iter(self.pipeline)
-                while True:
-                    with monitor.waiting():
-                        batch = self._next_batch(stream)
-                    if batch is None:
-                        break
-                    images, labels = self._assemble(batch)
-                    monitor.record_batch(int(labels.shape[0]))
-                    if progress is not None:
-                        progress.step(loader.stats)
-                    yield images, labels
-            self.finished = True
-            loader._epoch_finished()
-        finally:
-            if progress is not None:
-                progress.close(loader.stats())
-            self.close()
-
-    def _next_batch(self, stream: Iterator[_Task]) -> Batch[Any] | None:
-        """Feed completions to the batcher until it emits; then the epoch's tail."""
-        batcher = self.batcher
-        while not self.stream_done:
-            self._drain_failures()
-            batch = batcher.pop()
-            if batch is not None:
-                return batch
-            task = next(stream, None)
-            if task is None:
-                self.stream_done = True
-                self._drain_failures()
-                self.tail.extend(batcher.pop_final())
-            else:
-                batcher.push(task.position, task.out)
-        return self.tail.popleft() if self.tail else None
-
-    def _drain_failures(self) -> None:
-        freed = 0
-        while self.failed_positions:
-            self.batcher.fail(self.failed_positions.popleft())
-            freed += 1
-        if freed:
-            self._release(freed)
-
-    def _release(self, count: int) -> None:
-        with self.cond:
-            self.in_flight -= count
-            self.cond.notify_all()
-
-    def _assemble(self, batch: Batch[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        positions = batch.positions
-        self._release(len(positions))
-        labels = torch.from_numpy(
-            np.asarray(self.loader.source.labels, dtype=np.int64)[self.indices[list(positions)]]
-        )
-        # Copies go through numpy: torch's intra-op thread pool would spin on the cores
-        # the decode threads are using (measured: 8-40x slower under load).
-        if self.loader.batching == "straggler":
-            images = self._new_batch(len(positions))
-            np.stack([_as_numpy(t) for t in batch.items], out=_as_numpy(images))
-            self.spare.extend(batch.items)  # their pages are mapped already: reuse them
-        else:
-            plan = self.batcher.plan
-            b = positions[0] // plan.batch_size
-            with self.buffers_lock:
-                images = self.buffers.pop(b)
-            if len(positions) != images.shape[0]:  # failed samples left out
-                keep = [p - b * plan.batch_size for p in positions]
-                compact = self._new_batch(len(keep))
-                np.take(_as_numpy(images), keep, axis=0, out=_as_numpy(compact))
-                images = compact
-        device = self.loader.device
-        if device.type != "cpu":
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-        return images, labels
-
-    # -- failures and shutdown -------------------------------------------------------------
-    def failures(self) -> list[FailedSample]:
-        return [_as_failed(r, self.epoch) for r in self.pipeline.failures()]
-
-    def close(self) -> None:
-        if getattr(self, "_closed", False):
-            return
-        self._closed = True
-        self.stopping.set()
-        with self.cond:
-            self.cond.notify_all()
-        self.pipeline.close()
-        self.loader._epoch_closed(self.failures(), self.pipeline.stats(), self.batcher.stats())
-
-
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor; bfloat16 (which numpy lacks) as its int16 bit patterns."""
-    import torch
-
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy()
-    return tensor.numpy()
-
-
-def _as_failed(record: FailureRecord, epoch: int) -> FailedSample:
-    return FailedSample(key=record.key, stage=record.stage, error=str(record), epoch=epoch)
-
-
-def _task_key(task: _Task) -> str:
-    return task.key
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -629,12 +404,6 @@ def _resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def _want_pin(loader: ImageLoader) -> bool:
-    if loader.options.pin_memory is not None:
-        return loader.options.pin_memory and loader.device.type == "cuda"
-    return loader.device.type == "cuda"
-
-
 def _default_io_threads(source: SampleIndex) -> int:
     remote = getattr(source, "is_remote", False)
     return 16 if remote else 2
@@ -649,9 +418,3 @@ def _make_monitor(loader: ImageLoader) -> Monitor:
     if loader.device.type == "cuda":
         devices = nvml_indices_for_cuda([loader.device.index or 0])
     return Monitor(MonitorConfig(gpu="auto", gpu_devices=devices))
-
-
-def _make_progress(loader: ImageLoader, samples: int) -> ProgressReporter | None:
-    if not loader.options.progress:
-        return None
-    return ProgressReporter(samples, desc=f"epoch {loader.epoch}")

@@ -49,6 +49,10 @@ class StandinStream:
         self.name = name
         self.cuda_stream = 0  # read by decoders that pass a stream handle along
         self._lock = threading.RLock()
+        # Held while ops run, so they run one at a time and in order; `_lock` is not held
+        # then, or a worker enqueueing under the runtime's lock and a consumer running this
+        # stream's ops (which take the runtime's lock) would deadlock.
+        self._run_lock = threading.RLock()
         self._ops: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
         self._enqueued = 0
         self._done = 0
@@ -76,11 +80,15 @@ class StandinStream:
 
     def run_until(self, seq: int) -> None:
         """Run pending ops up to and including ``seq``, in order, in the calling thread."""
-        with self._lock:
-            while self._ops and self._ops[0][0] <= seq:
-                number, op = self._ops.popleft()
+        with self._run_lock:
+            while True:
+                with self._lock:
+                    if not self._ops or self._ops[0][0] > seq:
+                        return
+                    number, op = self._ops.popleft()
                 op()
-                self._done = number
+                with self._lock:
+                    self._done = number
 
     def synchronize(self) -> None:
         self.run_until(self._enqueued)

@@ -1,0 +1,396 @@
+"""One pass over the data: what the CPU and GPU paths share, and the CPU path itself.
+
+An epoch owns its pipeline(s), a batcher (ordered or straggler-aware), the bounded window
+of samples in flight, and the record of what the training loop has received (the resume
+state). `CpuEpoch` decodes and transforms on the CPU; `gpu_loader._gpu_epoch.GpuEpoch`
+decodes on the GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from gpu_loader.batching import AdaptiveThreshold, Batch, OrderedBatcher, StragglerBatcher
+from gpu_loader.batching._ledger import Ledger
+from gpu_loader.ops import load_into
+from gpu_loader.pipeline import FailureRecord, PipelineBuilder, SlowLane
+from gpu_loader.sources import sample_rng
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpu_loader.loader import FailedSample, ImageLoader
+
+
+@dataclass
+class Task:
+    """One sample on its way through the pipeline."""
+
+    position: int
+    index: int
+    key: str
+    data: bytes | None = None
+    out: Any = None
+
+
+def task_key(task: Task) -> str:
+    return task.key
+
+
+class Received:
+    """What the training loop has been handed this epoch, and what failed: the resume state.
+
+    The batcher's own record is not enough: batches it has formed may not have reached the
+    training loop yet (the epoch's tail, batches queued for the GPU), and a resumed epoch
+    must produce those again.
+    """
+
+    def __init__(
+        self, batcher: OrderedBatcher[Any] | StragglerBatcher[Any], resume: Mapping[str, Any] | None
+    ) -> None:
+        self.mode = batcher.mode
+        self.ledger = Ledger(batcher.plan)
+        self.batches = self.ledger.load_state(resume, self.mode) if resume is not None else 0
+        self.lock = threading.Lock()
+
+    def delivered(self, positions: Sequence[int]) -> None:
+        with self.lock:
+            for position in positions:
+                self.ledger.complete(position, ok=True)
+                self.ledger.deliver(position)
+            self.batches += 1
+
+    def failed(self, position: int) -> None:
+        with self.lock:
+            self.ledger.complete(position, ok=False)
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return self.ledger.to_state(self.mode, self.batches)
+
+
+class EpochBase:
+    """The window, the source of positions, failures, the consume loop and shutdown."""
+
+    finished = False
+
+    def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
+        self.loader = loader
+        self.epoch = loader.epoch
+        self.indices = loader.sampler.indices()
+        opts = loader.options
+        size = loader.batch_size
+        n = len(self.indices)
+        if loader.batching == "straggler":
+            self.batcher: OrderedBatcher[Any] | StragglerBatcher[Any] = StragglerBatcher(
+                size, n, max_delay_batches=opts.max_delay_batches, drop_last=loader.drop_last
+            )
+        else:
+            self.batcher = OrderedBatcher(size, n, drop_last=loader.drop_last)
+        if resume is not None:
+            self.batcher.load_state_dict(resume)
+        self.received = Received(self.batcher, resume)
+        self.todo = self.batcher.remaining_positions()
+        # (D + 1) * B lets fast samples run ahead by the full lateness bound; the batching
+        # README shows a smaller window can deadlock.
+        self.window = size * (opts.prefetch_batches + opts.max_delay_batches + 1)
+        self.in_flight = 0
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self.failed_positions: collections.deque[int] = collections.deque()
+        self.labels = np.asarray(loader.source.labels, dtype=np.int64)
+        self._closed = False
+
+    # -- feeding -------------------------------------------------------------------------
+    def source(self) -> Iterator[Task]:
+        """Positions to run, holding back while `window` samples are in flight."""
+        index_of = self.loader.source.key
+        for position in self.todo:
+            with self.cond:
+                while self.in_flight >= self.window and not self.stopping.is_set():
+                    self.cond.wait(0.05)
+                if self.stopping.is_set():
+                    return
+                self.in_flight += 1
+            index = int(self.indices[position])
+            self.batcher.started(position)
+            yield Task(position, index, index_of(index))
+
+    def note_failure(self, position: int) -> None:
+        """Called from a worker thread when a sample fails (the engine records why)."""
+        self.failed_positions.append(position)
+
+    def drain_failures(self) -> None:
+        """Tell the batcher and the resume record about failures, and free their window."""
+        freed = 0
+        while self.failed_positions:
+            position = self.failed_positions.popleft()
+            self.batcher.fail(position)
+            self.received.failed(position)
+            freed += 1
+        if freed:
+            self.release(freed)
+
+    def release(self, count: int) -> None:
+        with self.cond:
+            self.in_flight -= count
+            self.cond.notify_all()
+
+    def slow_lane(self, threads: int) -> SlowLane | None:
+        """Straggler mode: a task running past the adaptive threshold moves its worker to
+        a slow lane and a replacement keeps the stage at strength (each stage learns its
+        own threshold: slow reads and slow decodes are different populations)."""
+        if self.loader.batching != "straggler":
+            return None
+        limit = self.loader.options.max_slow_threads or threads
+        # p75 x 4 rather than a high percentile: with 10% stragglers p95 *is* a straggler,
+        # and a threshold above it would never move one. The floor keeps thread churn away
+        # from tasks too short to matter.
+        threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
+        return SlowLane(max_threads=limit, threshold=threshold)
+
+    # -- consuming -----------------------------------------------------------------------
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The generator the training loop iterates."""
+        loader = self.loader
+        monitor = loader._monitor_for_epoch()
+        progress = loader._make_progress(len(self.todo))
+        try:
+            with self.running():
+                while True:
+                    with monitor.waiting():
+                        produced = self.next_batch()
+                    if produced is None:
+                        break
+                    images, labels, positions = produced
+                    self.received.delivered(positions)
+                    monitor.record_batch(len(positions))
+                    if progress is not None:
+                        progress.step(loader.stats)
+                    yield images, labels
+            self.finished = True
+            loader._epoch_finished()
+        finally:
+            if progress is not None:
+                progress.close(loader.stats())
+            self.close()
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        """Context manager that starts the pipelines and stops them on exit."""
+        raise NotImplementedError
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
+        """The next (images, labels, positions) for the training loop, None at the end."""
+        raise NotImplementedError
+
+    # -- failures and shutdown -----------------------------------------------------------
+    def failures(self) -> list[FailedSample]:
+        raise NotImplementedError
+
+    def engine_stats(self) -> Any:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Stop and join this epoch's threads."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
+        self.shutdown()
+        self.loader._epoch_closed(self.failures(), self.engine_stats(), self.batcher.stats())
+
+
+class CpuEpoch(EpochBase):
+    """read (I/O threads) -> decode + transform (CPU threads) -> batcher in this thread.
+
+    Ordered mode writes each sample straight into its slot of its batch's tensor; straggler
+    mode writes it into a recycled per-sample tensor and copies it into the batch it joins.
+    """
+
+    def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
+        import torch
+
+        super().__init__(loader, resume)
+        self.stream_done = False
+        self.tail: collections.deque[Batch[Any]] = collections.deque()
+        self.torch_dtype = getattr(torch, loader.dtype)
+        self.out_h, self.out_w = loader.transform.output_size
+        self.pin = loader._pin_batches()
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.buffers_lock = threading.Lock()
+        # Straggler mode: per-sample outputs, recycled after they are copied into a batch
+        # (at most `window` exist). deque.append/pop are atomic, so no lock is needed.
+        self.spare: collections.deque[torch.Tensor] = collections.deque()
+        order: Literal["completion"] = "completion"
+        self.pipeline = (
+            PipelineBuilder()
+            .add_source(self.source())
+            .pipe(
+                self.read,
+                concurrency=loader.io_threads,
+                name="read",
+                output_order=order,
+                max_failures=loader.max_failures,
+                key_fn=task_key,
+                slow_lane=self.slow_lane(loader.io_threads),
+            )
+            .pipe(
+                self.decode,
+                concurrency=loader.decode_threads,
+                name="decode",
+                output_order=order,
+                max_failures=loader.max_failures,
+                key_fn=task_key,
+                slow_lane=self.slow_lane(loader.decode_threads),
+            )
+            .add_sink(buffer_size=max(2, loader.batch_size))
+            .build()
+        )
+        self.stream: Iterator[Task] | None = None
+
+    # -- stages (worker threads) -----------------------------------------------------------
+    def read(self, task: Task) -> Task:
+        try:
+            task.data = self.loader.source.read(task.index)
+        except BaseException:
+            self.note_failure(task.position)
+            raise
+        return task
+
+    def decode(self, task: Task) -> Task:
+        loader = self.loader
+        try:
+            out = self.slot(task.position)
+            load_into(
+                task.data or b"",
+                loader.transform,
+                sample_rng(loader.seed, self.epoch, task.index),
+                as_numpy(out),
+                dtype=loader.dtype,
+                key=task.key,
+                max_pixels=loader.options.max_pixels,
+            )
+        except BaseException:
+            self.note_failure(task.position)
+            raise
+        task.data = None
+        task.out = out if loader.batching == "straggler" else None
+        return task
+
+    def new_batch(self, rows: int) -> torch.Tensor:
+        import torch
+
+        shape = (rows, 3, self.out_h, self.out_w)
+        return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
+
+    def slot(self, position: int) -> torch.Tensor:
+        """Where this sample's output goes: its slot in its batch (ordered), or its own."""
+        import torch
+
+        if self.loader.batching == "straggler":
+            try:
+                return self.spare.pop()
+            except IndexError:
+                return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
+        plan = self.batcher.plan
+        b = position // plan.batch_size
+        with self.buffers_lock:
+            buf = self.buffers.get(b)
+            if buf is None:
+                buf = self.new_batch(len(plan.batch_range(b)))
+                self.buffers[b] = buf
+        return buf[position - b * plan.batch_size]
+
+    # -- consuming (the training loop's thread) -----------------------------------------
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self.pipeline:
+            self.stream = iter(self.pipeline)
+            yield
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
+        batch = self.next_formed()
+        return None if batch is None else self.assemble(batch)
+
+    def next_formed(self) -> Batch[Any] | None:
+        """Feed completions to the batcher until it emits; then the epoch's tail."""
+        batcher, stream = self.batcher, self.stream
+        assert stream is not None, "running() starts the pipeline first"
+        while not self.stream_done:
+            self.drain_failures()
+            batch = batcher.pop()
+            if batch is not None:
+                return batch
+            task = next(stream, None)
+            if task is None:
+                self.stream_done = True
+                self.drain_failures()
+                self.tail.extend(batcher.pop_final())
+            else:
+                batcher.push(task.position, task.out)
+        return self.tail.popleft() if self.tail else None
+
+    def assemble(self, batch: Batch[Any]) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]]:
+        import torch
+
+        positions = batch.positions
+        self.release(len(positions))
+        labels = torch.from_numpy(self.labels[self.indices[list(positions)]])
+        # Copies go through numpy: torch's intra-op thread pool would spin on the cores
+        # the decode threads are using (measured: 8-40x slower under load).
+        if self.loader.batching == "straggler":
+            images = self.new_batch(len(positions))
+            np.stack([as_numpy(t) for t in batch.items], out=as_numpy(images))
+            self.spare.extend(batch.items)  # their pages are mapped already: reuse them
+        else:
+            plan = self.batcher.plan
+            b = positions[0] // plan.batch_size
+            with self.buffers_lock:
+                images = self.buffers.pop(b)
+            if len(positions) != images.shape[0]:  # failed samples left out
+                keep = [p - b * plan.batch_size for p in positions]
+                compact = self.new_batch(len(keep))
+                np.take(as_numpy(images), keep, axis=0, out=as_numpy(compact))
+                images = compact
+        device = self.loader.device
+        if device.type != "cpu":
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+        return images, labels, positions
+
+    # -- failures and shutdown -------------------------------------------------------------
+    def failures(self) -> list[FailedSample]:
+        return [as_failed(r, self.epoch) for r in self.pipeline.failures()]
+
+    def engine_stats(self) -> Any:
+        return self.pipeline.stats()
+
+    def shutdown(self) -> None:
+        self.pipeline.close()
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor; bfloat16 (which numpy lacks) as its int16 bit patterns."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    return tensor.numpy()
+
+
+def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
+    from gpu_loader.loader import FailedSample
+
+    return FailedSample(key=record.key, stage=record.stage, error=str(record), epoch=epoch)

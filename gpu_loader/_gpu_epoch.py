@@ -1,0 +1,222 @@
+"""One epoch on the GPU path: fetch into pinned memory, batch, decode + transform on device.
+
+Two engine pipelines joined by the batcher (the GPU placement of straggler-aware
+batching: decode batches are formed from the samples whose bytes have arrived)::
+
+    fetch:  positions -> GpuFetcher (I/O threads: bytes into the pinned arena, crop params)
+    decode: batcher -> GpuBatchStage (one CUDA stream + one nvImageCodec decoder per thread)
+    training loop: handoff (wait on the batch's event, record_stream) -> (images, labels)
+
+The fetch pipeline is drained by the decode pipeline's source thread, which feeds the
+batcher and yields the batches it forms. Per-sample decode failures come back inside each
+`GpuBatch`; a failure of a whole batch (a device error) fails each of its samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpu_loader._epoch import EpochBase, Task, as_failed, task_key
+from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
+from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpu_loader.cuda import GpuPorts, WorkerState
+    from gpu_loader.loader import FailedSample, ImageLoader
+
+
+@dataclass(frozen=True)
+class GpuEngineStats:
+    """Both pipelines' stage records as one list, in data-flow order."""
+
+    stages: tuple[Any, ...]
+    """Stage records of the fetch pipeline, then of the decode pipeline."""
+    bottleneck: str | None
+    """The busiest stage (highest busy fraction), or None before any work."""
+    bottleneck_reason: str
+    """Why that stage."""
+
+
+class GpuEpoch(EpochBase):
+    """The GPU path of `ImageLoader` (see the module docstring)."""
+
+    def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
+        super().__init__(loader, resume)
+        opts = loader.options
+        self.ports = opts.gpu_ports if opts.gpu_ports is not None else _cuda_ports(loader)
+        self.arena = loader._gpu_arena(self.ports)
+        self.gpu_failures: list[FailedSample] = []
+        self.gpu_failures_lock = threading.Lock()
+        self.samples_done = 0
+        fetcher = GpuFetcher(
+            loader.source,
+            self.arena,
+            loader.transform,
+            seed=loader.seed,
+            epoch=self.epoch,
+            max_pixels=opts.max_pixels,
+            stop_event=self.stopping,
+        )
+        self.stage = GpuBatchStage(
+            self.ports,
+            loader.transform,
+            self.labels,
+            dtype=loader.dtype,
+            max_pixels=opts.max_pixels,
+        )
+        order: OutputOrder = "completion" if loader.batching == "straggler" else "input"
+
+        def fetch(task: Task) -> FetchedSample:
+            try:
+                return fetcher(task)
+            except BaseException:
+                self.note_failure(task.position)
+                raise
+
+        self.fetch_pipeline = (
+            PipelineBuilder()
+            .add_source(self.source())
+            .pipe(
+                fetch,
+                concurrency=loader.io_threads,
+                name="fetch",
+                output_order=order,
+                max_failures=loader.max_failures,
+                key_fn=task_key,
+                slow_lane=self.slow_lane(loader.io_threads),
+            )
+            .add_sink(buffer_size=max(2, loader.batch_size))
+            .build()
+        )
+        self.decode_pipeline = (
+            PipelineBuilder()
+            .add_source(self.formed_batches())
+            .pipe(
+                self.decode_batch,
+                concurrency=opts.gpu_streams,
+                name="gpu_decode",
+                output_order="input",
+                max_failures=loader.max_failures,
+                key_fn=_batch_key,
+                worker_init=self.stage.worker_init,
+            )
+            .add_sink(buffer_size=opts.prefetch_batches)
+            .build()
+        )
+        self.stream: Iterator[GpuBatch] | None = None
+
+    # -- the decode pipeline's source thread: the batcher ------------------------------
+    def formed_batches(self) -> Iterator[list[FetchedSample]]:
+        batcher = self.batcher
+        with self.fetch_pipeline:
+            for sample in self.fetch_pipeline:
+                self.drain_failures()
+                batcher.push(sample.position, sample)
+                while (batch := batcher.pop()) is not None:
+                    yield list(batch.items)
+            self.drain_failures()
+            for batch in batcher.pop_final():
+                if batch.items:
+                    yield list(batch.items)
+
+    def decode_batch(self, samples: list[FetchedSample], state: WorkerState) -> GpuBatch:
+        try:
+            return self.stage(samples, state)
+        except BaseException as exc:
+            # The whole batch is lost (a device error): each sample fails with this cause.
+            self.record_gpu_failures([(s.position, s.key, exc) for s in samples])
+            raise
+
+    def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
+        from gpu_loader.loader import FailedSample
+
+        with self.gpu_failures_lock:
+            for _, key, exc in failed:
+                error = f"{type(exc).__name__}: {exc}"
+                self.gpu_failures.append(FailedSample(key, "gpu_decode", error, self.epoch))
+        for position, _, _ in failed:
+            self.received.failed(position)
+        self.release(len(failed))
+
+    # -- the training loop's thread ----------------------------------------------------
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self.decode_pipeline:
+            self.stream = iter(self.decode_pipeline)
+            yield
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
+        assert self.stream is not None, "running() starts the pipelines first"
+        while True:
+            batch = next(self.stream, None)
+            if batch is None:
+                return None
+            if batch.failed:
+                self.record_gpu_failures(batch.failed)
+                self.check_failure_budget(batch)
+            self.samples_done += len(batch.positions) + len(batch.failed)
+            if batch.positions:
+                self.release(len(batch.positions))
+                images, labels = self.stage.handoff(batch)
+                if images.device.type == "cpu":
+                    # The stand-in runtime (tests): its outputs are host memory, and a host
+                    # read does not synchronise the way reading a CUDA tensor does.
+                    batch.event.synchronize()
+                return images, labels, batch.positions
+
+    def check_failure_budget(self, batch: GpuBatch) -> None:
+        """Apply `max_failures` to decode failures, which the engine does not see."""
+        limit = self.loader.max_failures
+        if limit is None:
+            return
+        failed = len(self.gpu_failures)
+        done = self.samples_done + len(batch.positions) + len(batch.failed)
+        over = failed > limit if isinstance(limit, int) else (done >= 100 and failed > limit * done)
+        if over:
+            causes = [exc for _, _, exc in batch.failed if isinstance(exc, Exception)]
+            raise PipelineFailure(
+                f"{failed} sample(s) failed GPU decode, past max_failures={limit!r}; "
+                "see failed_samples() for every key",
+                causes or [RuntimeError("GPU decode failures")],
+            )
+
+    # -- failures and shutdown ---------------------------------------------------------
+    def failures(self) -> list[FailedSample]:
+        with self.gpu_failures_lock:
+            gpu = list(self.gpu_failures)
+        return [as_failed(r, self.epoch) for r in self.fetch_pipeline.failures()] + gpu
+
+    def engine_stats(self) -> GpuEngineStats:
+        stages = (*self.fetch_pipeline.stats().stages, *self.decode_pipeline.stats().stages[1:])
+        work = [s for s in stages if getattr(s, "kind", "pipe") != "source" and s.tasks_done]
+        if not work:
+            return GpuEngineStats(stages, None, "no work done yet")
+        top = max(work, key=lambda s: s.busy_fraction)
+        return GpuEngineStats(
+            stages, top.name, f"busiest stage: workers busy {top.busy_fraction:.0%} of the time"
+        )
+
+    def shutdown(self) -> None:
+        # The fetch pipeline first: the decode pipeline's source thread iterates it.
+        self.fetch_pipeline.close()
+        self.decode_pipeline.close()
+        # Slices of samples dropped in queues never reached the stage that releases them;
+        # every worker has joined, so none can still be read.
+        self.arena.reset()
+
+
+def _batch_key(samples: Sequence[FetchedSample]) -> str:
+    keys = [s.key for s in samples]
+    return keys[0] if len(keys) == 1 else f"{keys[0]} (+{len(keys) - 1} in the batch)"
+
+
+def _cuda_ports(loader: ImageLoader) -> GpuPorts:
+    from gpu_loader.cuda import cuda_ports
+
+    return cuda_ports(loader.device)

@@ -1,0 +1,122 @@
+"""ImageLoader's GPU path end to end on the CPU, through the stand-in ports.
+
+The real orchestration runs: fetch into the pinned arena, the batcher, nvImageCodec's batch
+decode (its CPU backend), the fused kernel (emulated), events and hand-off (stand-in
+runtime, which records any ordering violation).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import gpu_loader as gl
+from gpu_loader.cuda import standin_ports
+from gpu_loader.ops import EvalTransform, TrainTransform
+from gpu_loader.pipeline import PipelineFailure
+from gpu_loader.sources import FileList
+
+SIZE = 32
+
+
+def make(source: Any, ports: Any = None, **kw: Any) -> gl.ImageLoader:
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("transform", TrainTransform(SIZE))
+    options = gl.LoaderOptions(
+        decode_on="gpu",
+        gpu_ports=ports or standin_ports(),
+        arena_bytes=16 * 2**20,
+        monitor_gpu=False,
+    )
+    return gl.ImageLoader(source, options=options, **kw)
+
+
+def labels_of(loader: gl.ImageLoader) -> list[int]:
+    return [int(v) for _, y in loader for v in y]
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_every_sample_once_and_bad_files_reported(
+    bad_list: tuple[FileList, set[str]], batching: str
+) -> None:
+    source, bad_keys = bad_list
+    ports = standin_ports()
+    loader = make(source, ports, batching=batching, max_failures=None)
+    assert Counter(labels_of(loader)) == Counter(range(30))
+    failed = {f.key: f for f in loader.failed_samples()}
+    assert set(failed) == bad_keys
+    missing = next(k for k in bad_keys if k.endswith("missing.jpg"))
+    assert failed[missing].stage == "fetch"
+    assert {failed[k].stage for k in bad_keys - {missing}} <= {"fetch", "gpu_decode"}
+    assert ports.runtime.violations == []
+
+
+def test_matches_the_cpu_path(unique_list: FileList) -> None:
+    transform = EvalTransform(SIZE)
+    cpu = [
+        (x.clone(), y)
+        for x, y in gl.ImageLoader(unique_list, batch_size=8, transform=transform, seed=3)
+    ]
+    gpu = [(x.clone(), y) for x, y in make(unique_list, transform=transform, seed=3)]
+    assert len(cpu) == len(gpu)
+    for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
+        assert torch.equal(yc, yg), "ordered mode: same batches on both paths"
+        # Same math; the CPU path may decode JPEGs at a reduced DCT scale first.
+        mse = float(((xc - xg) ** 2).mean()) / float(np.square(3.0))
+        psnr = 10 * np.log10(1.0 / max(mse, 1e-12))
+        assert psnr > 30, psnr
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_resume_mid_epoch_delivers_the_rest_once(unique_list: FileList, batching: str) -> None:
+    loader = make(unique_list, batching=batching, seed=6)
+    it = iter(loader)
+    seen = [int(v) for _ in range(2) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, batching=batching, seed=6)
+    resumed.load_state_dict(state)
+    rest = labels_of(resumed)
+    assert Counter(seen + rest) == Counter(range(len(unique_list)))
+
+
+def test_on_error_raise_stops_at_the_first_bad_file(bad_list: tuple[FileList, set[str]]) -> None:
+    source, _ = bad_list
+    with pytest.raises(PipelineFailure):
+        labels_of(make(source, on_error="raise", shuffle=False))
+
+
+def test_dtypes_and_labels(unique_list: FileList) -> None:
+    for dtype in ("float16", "bfloat16", "uint8"):
+        x, y = next(iter(make(unique_list, dtype=dtype)))
+        assert x.dtype == getattr(torch, dtype) and x.shape[1:] == (3, SIZE, SIZE)
+        assert y.dtype == torch.int64
+
+
+def test_breaking_out_leaves_no_threads(unique_list: FileList) -> None:
+    before = set(threading.enumerate())
+    loader = make(unique_list)
+    for _ in loader:
+        break
+    loader.close()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=5)
+    assert [t for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
+    with pytest.raises(ValueError, match="decode_on='gpu'"):
+        iter(
+            gl.ImageLoader(
+                unique_list,
+                batch_size=4,
+                transform=TrainTransform(SIZE),
+                options=gl.LoaderOptions(decode_on="gpu"),
+            )
+        )
