@@ -381,6 +381,12 @@ class ImageLoader:
             self._failed.extend(records)
             self._last_engine_stats = engine_stats
             self._last_batcher_stats = batcher_stats
+        # No thread outlives an epoch: the samplers and the logger start again with the next.
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
+        if self._monitor is not None:
+            self._monitor.suspend()
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True

@@ -72,6 +72,10 @@ class Monitor:
         self.config = config if config is not None else MonitorConfig()
         cfg = self.config
         self._clock = clock
+        self._nvml = nvml
+        self._proc = proc
+        self._suspended = False
+        self._gpu_retired = False  # an NVML sampler that found no NVML is never restarted
         self.stall = StallMeter(clock, cfg.window_s)
         self.rate = RateMeter(clock, cfg.window_s)
         self.process = ProcessSampler(cfg.interval_s, window_s=cfg.window_s, proc=proc)
@@ -87,8 +91,10 @@ class Monitor:
         """Start the samplers (idempotent); elapsed time counts from the first call."""
         if self._started_at is None:
             self._started_at = self._clock()
+        if self._suspended:
+            self._renew_samplers()
         self.process.start()
-        if self.gpu is not None:
+        if self.gpu is not None and not self._gpu_retired:
             self.gpu.start()
 
     def close(self) -> None:
@@ -96,6 +102,25 @@ class Monitor:
         if self.gpu is not None:
             self.gpu.close()
         self.process.close()
+
+    def suspend(self) -> None:
+        """Join the sampler threads but keep the meters and the last readings; the next
+        `start()` samples again with fresh sampler threads (a loader between epochs)."""
+        self.close()
+        self._suspended = True
+
+    def _renew_samplers(self) -> None:
+        cfg = self.config
+        self.process = ProcessSampler(cfg.interval_s, window_s=cfg.window_s, proc=self._proc)
+        # An NVML sampler that found no NVML has no thread and already said why once: keep
+        # it (and its reason) rather than warn again every epoch.
+        if self.gpu is not None and self.gpu.snapshot().available:
+            self.gpu = NvmlSampler(
+                cfg.gpu_devices, interval_s=cfg.interval_s, window_s=cfg.window_s, nvml=self._nvml
+            )
+        elif self.gpu is not None:
+            self._gpu_retired = True
+        self._suspended = False
 
     def __enter__(self) -> Monitor:
         self.start()

@@ -228,3 +228,17 @@ def test_images_match_the_per_sample_cpu_path(unique_list: FileList) -> None:
             dtype="float32",
         )
         assert np.array_equal(out, x[row].numpy())
+
+
+def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileList) -> None:
+    before = set(threading.enumerate())
+    loader = make(unique_list, batch_size=16)
+    for epoch in range(2):
+        assert len(run_epoch(loader)) == 3
+        for thread in set(threading.enumerate()) - before:
+            thread.join(timeout=5)
+        alive = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+        assert alive == [], f"epoch {epoch}: {alive}"
+    stats = loader.stats()
+    assert stats.samples == 2 * len(unique_list) and stats.batches == 6
+    assert {s.name for s in stats.stages} >= {"read", "decode"}

@@ -105,3 +105,18 @@ def test_config_validates() -> None:
     with pytest.raises(ValueError, match="stall_threshold"):
         MonitorConfig(stall_threshold=1.5)
     assert MonitorConfig(gpu_devices=[1, 0]).gpu_devices == (1, 0)  # type: ignore[arg-type]
+
+
+def test_suspend_joins_samplers_and_start_samples_again() -> None:
+    import threading
+
+    monitor = Monitor(MonitorConfig(gpu="off", interval_s=0.01))
+    monitor.start()
+    monitor.record_batch(4)
+    monitor.suspend()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpu_loader-process")]
+    monitor.start()  # fresh sampler threads, same meters
+    assert [t for t in threading.enumerate() if t.name.startswith("gpu_loader-process")]
+    monitor.record_batch(4)
+    assert monitor.stats().samples == 8
+    monitor.close()
