@@ -228,6 +228,8 @@ class CpuEpoch(EpochBase):
         self.torch_dtype = getattr(torch, loader.dtype)
         self.out_h, self.out_w = loader.transform.output_size
         self.pin = loader._pin_batches()
+        # Batches that stay on the CPU are recycled once the training loop drops them.
+        self.pool = None if self.pin or loader.device.type != "cpu" else loader._batch_pool()
         self.buffers: dict[int, torch.Tensor] = {}
         self.buffers_lock = threading.Lock()
         # Straggler mode: per-sample outputs, recycled after they are copied into a batch
@@ -292,6 +294,8 @@ class CpuEpoch(EpochBase):
     def new_batch(self, rows: int) -> torch.Tensor:
         import torch
 
+        if self.pool is not None:
+            return self.pool.take(rows)
         shape = (rows, 3, self.out_h, self.out_w)
         return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
 
@@ -368,6 +372,8 @@ class CpuEpoch(EpochBase):
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
+        elif self.pool is not None:
+            images = self.pool.hand_out(images)
         return images, labels, positions
 
     # -- failures and shutdown -------------------------------------------------------------

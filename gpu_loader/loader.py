@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase
 from gpu_loader.monitor import (
     JsonlLogger,
@@ -202,6 +203,7 @@ class ImageLoader:
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
         self._arena: PinnedArena | None = None
+        self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
         self._logger: JsonlLogger | None = None
 
@@ -353,6 +355,18 @@ class ImageLoader:
         if self.device.type != "cuda":
             return False
         return self.options.pin_memory is not False
+
+    def _batch_pool(self) -> BatchPool:
+        """CPU batch tensors recycled across batches and epochs (see `_batch_pool`)."""
+        import torch
+
+        h, w = self.transform.output_size
+        tail = (3, h, w)
+        dtype = getattr(torch, self.dtype)
+        if self._pool is None or self._pool.tail != tail or self._pool.dtype != dtype:
+            keep = self.options.prefetch_batches + self.options.max_delay_batches + 2
+            self._pool = BatchPool(tail, dtype, keep=keep)
+        return self._pool
 
     def _gpu_arena(self, ports: GpuPorts) -> PinnedArena:
         """The pinned arena for fetched bytes, allocated once and reused every epoch."""

@@ -46,6 +46,9 @@ def transform_into(
     """
     _check_out(out, dtype)
     resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])))
+    if out.flags.c_contiguous:
+        _normalize_planes(resized, params.flip, out, mean, std, dtype)
+        return
     rgb = resized[:, ::-1, :3] if params.flip else resized[:, :, :3]
     chw = rgb.transpose(2, 0, 1)  # a view: the copy happens in the fused pass below
     if dtype == "uint8":
@@ -60,6 +63,51 @@ def transform_into(
     np.multiply(chw, scale, out=tmp)
     tmp += offset
     cast_into(tmp, out, dtype)
+
+
+def _normalize_planes(
+    resized: np.ndarray,
+    flip: bool,
+    out: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: str,
+) -> None:
+    """HWC -> CHW, flip and normalize with OpenCV: split into planes, then one table lookup
+    per plane straight into ``out[c]``.
+
+    Reading HWC pixels channel by channel with numpy is a strided gather (measured: as slow
+    as the resize itself); cv2.split and cv2.LUT are vectorised and release the GIL. The
+    table holds ``float32(x * scale + offset)`` computed exactly as the numpy path does, so
+    both give bit-identical results.
+    """
+    import cv2
+
+    planes = cv2.split(resized)
+    if dtype == "uint8":
+        for c in range(3):
+            cv2.flip(planes[c], 1, dst=out[c]) if flip else np.copyto(out[c], planes[c])
+        return
+    tables = _tables(tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    target = out if dtype == "float32" else np.empty(out.shape, np.float32)
+    for c in range(3):
+        plane = cv2.flip(planes[c], 1) if flip else planes[c]
+        cv2.LUT(plane, tables[c], dst=target[c])
+    if dtype != "float32":
+        cast_into(target, out, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """Per channel, the 256 normalised float32 values of the uint8 levels."""
+    scale, offset = _affine(mean, std)
+    levels = np.arange(256, dtype=np.uint8).astype(np.float32)
+    tables = []
+    for c in range(3):
+        table = levels * scale[c, 0, 0] + offset[c, 0, 0]
+        table.flags.writeable = False
+        tables.append(table.reshape(1, 256))
+    return tuple(tables)
 
 
 # torch runs an elementwise op on one thread below this many elements (at::internal::

@@ -1,0 +1,56 @@
+"""Recycled CPU batches: reused once dropped, never while anything still refers to them."""
+
+from __future__ import annotations
+
+import torch
+
+import gpu_loader as gl
+from gpu_loader._batch_pool import BatchPool
+from gpu_loader.ops import EvalTransform
+from gpu_loader.sources import FileList
+
+
+def test_a_dropped_batch_is_reused_and_a_kept_one_is_not() -> None:
+    pool = BatchPool((3, 4, 4), torch.float32, keep=4)
+    first = pool.take(2)
+    handed = pool.hand_out(first)
+    kept_slice = handed[1]  # a view of the batch survives the batch itself
+    del handed
+    second = pool.take(2)
+    assert second.data_ptr() != first.data_ptr(), "a slice still refers to it"
+    del kept_slice
+    third = pool.take(2)
+    assert third.data_ptr() == first.data_ptr() and pool.reused == 1
+
+
+def test_numpy_views_count_as_references() -> None:
+    pool = BatchPool((3, 2, 2), torch.float32, keep=4)
+    base = pool.take(1)
+    as_array = pool.hand_out(base).numpy()
+    assert pool.take(1).data_ptr() != base.data_ptr()
+    del as_array
+    assert pool.take(1).data_ptr() == base.data_ptr()
+
+
+def test_pool_keeps_at_most_keep_free_batches() -> None:
+    pool = BatchPool((1, 1, 1), torch.float32, keep=2)
+    handed = [pool.hand_out(pool.take(1)) for _ in range(5)]
+    del handed
+    pool.take(1)
+    assert sum(len(v) for v in pool._free.values()) <= 2
+
+
+def test_batches_kept_by_the_training_loop_stay_intact(unique_list: FileList) -> None:
+    def make() -> gl.ImageLoader:
+        return gl.ImageLoader(unique_list, batch_size=8, transform=EvalTransform(32), seed=1)
+
+    loader = make()
+    kept = list(loader)  # hold every batch of epoch 0
+    copies = [(x.clone(), y.clone()) for x, y in kept]
+    for epoch in (1, 2):  # later epochs reuse only what was dropped
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    for (x, y), (xc, yc) in zip(kept, copies, strict=True):
+        assert torch.equal(x, xc) and torch.equal(y, yc)
+    assert loader._pool is not None and loader._pool.reused > 0
