@@ -425,7 +425,10 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _default_io_threads(source: SampleIndex) -> int:
-    remote = getattr(source, "is_remote", False)
+    """Reads through fsspec wait on the network, so they get more threads than local files."""
+    from gpu_loader.sources._io import local_path
+
+    remote = len(source) > 0 and local_path(source.key(0)) is None
     return 16 if remote else 2
 
 

@@ -242,3 +242,13 @@ def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileLi
     stats = loader.stats()
     assert stats.samples == 2 * len(unique_list) and stats.batches == 6
     assert {s.name for s in stats.stages} >= {"read", "decode"}
+
+
+def test_remote_sources_get_more_io_threads(unique_list: FileList) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/remote/a.jpg", unique_list.read(0))
+    remote = FileList([("memory://remote/a.jpg", 0)])
+    assert make(remote).io_threads == 16
+    assert make(unique_list).io_threads == 2
