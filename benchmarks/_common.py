@@ -47,6 +47,8 @@ def machine_metadata() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        # Other jobs on a shared machine skew every system; the load says how much.
+        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "cpu_model": _cpu_model(),
         "versions": versions,
         "gpu": _gpu_name(),

@@ -13,19 +13,20 @@ Each cell is the median of ``--repeats`` runs; engines take turns within each re
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import queue
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_loader.benchmarks._common import machine_metadata
 
 from gpu_loader.pipeline import PipelineBuilder
 
@@ -154,27 +155,6 @@ def measure_round_robin(
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def metadata_block() -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_count": os.cpu_count(),
-        # Other jobs on a shared machine skew every engine; the load says how much.
-        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "python": sys.version.split()[0],
-        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "versions": {d: version(d) for d in ("gpu-loader", "spdl", "numpy", "torch")},
-    }
-
-
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The README table: one row per shape, one column per engine."""
     engines = list(dict.fromkeys(r["engine"] for r in rows))
@@ -267,7 +247,7 @@ def main() -> None:
         "benchmark": "pipeline_overhead",
         "repeats": repeats,
         "quick": args.quick,
-        "machine": metadata_block(),
+        "machine": machine_metadata(),
         "rows": rows,
     }
     print(markdown_table(rows))
