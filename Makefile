@@ -12,7 +12,9 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# setup.py builds the native CPU fast path (C, needs gcc and libjpeg's headers), so a
+# change to its source reinstalls too.
+$(STAMP): pyproject.toml setup.py gpu_loader/ops/_native.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"

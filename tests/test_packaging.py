@@ -1,4 +1,4 @@
-"""kernels/ ships inside the wheel and is found at run time from an installed copy."""
+"""kernels/ and the native CPU fast path ship inside the wheel and work from an installed copy."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ def test_wheel_contains_kernels_and_typing_marker(wheel: Path) -> None:
     assert "gpu_loader/kernels/README.md" in expected
     assert expected <= names
     assert "gpu_loader/py.typed" in names
+    # The native CPU fast path is compiled into the wheel, with its type stub.
+    assert "gpu_loader/ops/_native.pyi" in names
+    assert any(n.startswith("gpu_loader/ops/_native.") and n.endswith(".so") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "gpu-loader = gpu_loader.cli:main" in text
@@ -75,7 +78,9 @@ def test_installed_wheel_finds_kernels(wheel: Path, tmp_path: Path) -> None:
         f"import sys; sys.path.insert(0, {str(target)!r});"
         "import gpu_loader, gpu_loader._resources as r;"
         "print(gpu_loader.__file__); print(r.kernel_dir());"
-        "print(r.read_kernel('README.md').splitlines()[0])"
+        "print(r.read_kernel('README.md').splitlines()[0]);"
+        "import gpu_loader.ops as ops, gpu_loader.ops._native as n;"
+        "print(ops.cpu_backend(), n.__file__)"
     )
     # -I: ignore the environment and the source checkout, so only the wheel's copy is seen.
     result = subprocess.run(
@@ -87,10 +92,13 @@ def test_installed_wheel_finds_kernels(wheel: Path, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    pkg_file, kdir, first = result.stdout.strip().splitlines()
+    pkg_file, kdir, first, native = result.stdout.strip().splitlines()
     assert pkg_file.startswith(str(target))
     assert str(target / "gpu_loader" / "kernels") in kdir
     assert first == "# kernels/"
+    backend, native_file = native.split(" ", 1)
+    assert backend == "native"
+    assert native_file.startswith(str(target))
 
 
 def test_every_subpackage_is_listed_for_the_wheel() -> None:

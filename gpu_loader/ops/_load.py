@@ -1,18 +1,30 @@
-"""The whole per-sample CPU path: header -> params -> reduced decode -> transform, into a slot."""
+"""The whole per-sample CPU path: header -> params -> reduced decode -> transform, into a slot.
+
+With the native backend a plain JPEG (no EXIF rotation; YCbCr, RGB or grey) takes one C
+call that decodes only the region the crop box needs, at the DCT scale, and streams it into
+the fused transform; everything else takes the general path (decode, then transform_into).
+"""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
+from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import (
     _MIN_SIDE_FOR_DCT,
     DCT_FACTORS,
     DEFAULT_MAX_PIXELS,
+    DecodeError,
     _as_bytes,
+    _check_pixels,
+    _jpeg_header,
     decode_at,
     probe_size,
 )
-from gpu_loader.ops._transform import transform_into
+from gpu_loader.ops._formats import sniff
+from gpu_loader.ops._transform import NATIVE_DTYPE_CODES, _check_out, native_affine, transform_into
 from gpu_loader.ops._transforms import CropParams, EvalTransform, OutputDtype, TrainTransform
 
 
@@ -34,6 +46,11 @@ def load_into(
     Raises DecodeError (naming ``key``) for undecodable input.
     """
     buf = _as_bytes(data)
+    native = native_module()
+    if native is not None and out.flags.c_contiguous and sniff(buf) == "jpeg":
+        done = _load_jpeg_native(native, buf, transform, rng, out, dtype, key, max_pixels)
+        if done is not None:
+            return done
     size = probe_size(buf, key=key)
     if size is None:
         # Not a JPEG: no header-only size and no reduced decode; decode first.
@@ -51,6 +68,10 @@ def load_into(
     return height, width
 
 
+# JPEG colour spaces (simplejpeg's header names) the native decoder converts to RGB itself.
+_NATIVE_COLORSPACES = ("YCbCr", "RGB", "Gray")
+
+
 def dct_factor_for(
     params: CropParams, output_size: tuple[int, int], height: int, width: int
 ) -> int:
@@ -62,3 +83,48 @@ def dct_factor_for(
         if params.height / k >= out_h and params.width / k >= out_w:
             return k
     return 1
+
+
+def _load_jpeg_native(
+    native: ModuleType,
+    buf: bytes | memoryview,
+    transform: TrainTransform | EvalTransform,
+    rng: np.random.Generator,
+    out: np.ndarray,
+    dtype: OutputDtype,
+    key: str,
+    max_pixels: int,
+) -> tuple[int, int] | None:
+    """One C call: region + DCT-scaled decode streamed into the fused transform.
+
+    Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
+    general path: EXIF-rotated ones and colour spaces other than YCbCr, RGB and grey.
+    """
+    height, width, colorspace, orientation = _jpeg_header(buf, key)
+    if orientation != 1 or colorspace not in _NATIVE_COLORSPACES:
+        return None
+    _check_out(out, dtype)
+    _check_pixels(key, height, width, max_pixels)
+    params = transform.make_params(height, width, rng)
+    factor = dct_factor_for(params, transform.output_size, height, width)
+    if factor != 1:
+        params = params.scaled(1.0 / factor)
+    try:
+        native.decode_resize_jpeg(
+            buf,
+            factor,
+            -(-height // factor),  # libjpeg's scaled size: ceil(height / factor)
+            -(-width // factor),
+            (params.top, params.left, params.height, params.width),
+            out,
+            int(out.shape[1]),
+            int(out.shape[2]),
+            params.flip,
+            NATIVE_DTYPE_CODES[dtype],
+            *native_affine(transform.mean, transform.std),
+        )
+    except native.JpegError as exc:
+        raise DecodeError(
+            f"cannot decode image {key!r}: corrupt or truncated JPEG data ({exc})"
+        ) from None
+    return height, width

@@ -1,6 +1,8 @@
 """Crop box -> antialiased bilinear resize -> flip -> normalize -> CHW -> cast, into `out`.
 
-The resize is Pillow's own `Image.resize(BILINEAR, box=...)` (the reference semantics, in C,
+With the native backend (``cpu_backend() == "native"``) all of it is one C call
+(``_native.resize_into``: separable float resize with Pillow's weights, normalise and cast
+fused into the slot, GIL released). Otherwise, the Pillow path below: the resize is Pillow's own `Image.resize(BILINEAR, box=...)` (the reference semantics, in C,
 GIL released). Decoded JPEGs arrive as RGBX buffers, which Pillow maps without a copy. The
 flip is a negative-stride view, and normalize + CHW + cast are two fused numpy passes straight
 into the caller's slot, so the only full-size buffer is the decoded image itself.
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import DecodedImage
 from gpu_loader.ops._transforms import OUTPUT_DTYPES, CropParams, OutputDtype
 
@@ -45,6 +48,25 @@ def transform_into(
     normalisation), int16 or uint16 receiving bfloat16 bit patterns for "bfloat16".
     """
     _check_out(out, dtype)
+    native = native_module()
+    if native is not None and out.flags.c_contiguous:
+        src = _native_source(image)
+        height, width, channels = src.shape
+        clamp_box(params, height, width)  # the same error as the Pillow path for a bad box
+        native.resize_into(
+            src,
+            height,
+            width,
+            channels,
+            (params.top, params.left, params.height, params.width),
+            out,
+            int(out.shape[1]),
+            int(out.shape[2]),
+            params.flip,
+            NATIVE_DTYPE_CODES[dtype],
+            *native_affine(mean, std),
+        )
+        return
     resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])))
     if out.flags.c_contiguous:
         _normalize_planes(resized, params.flip, out, mean, std, dtype)
@@ -63,6 +85,37 @@ def transform_into(
     np.multiply(chw, scale, out=tmp)
     tmp += offset
     cast_into(tmp, out, dtype)
+
+
+def _native_source(image: DecodedImage | np.ndarray) -> np.ndarray:
+    """A C-contiguous HWC uint8 buffer with 3 or 4 (RGBX) channels for the native resize."""
+    if isinstance(image, DecodedImage):
+        if image.rgbx is not None and image.rgbx.flags.c_contiguous:
+            return image.rgbx
+        image = image.array
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"`image` must be HWC uint8 RGB, got {image.dtype} {image.shape}")
+    return np.ascontiguousarray(image)
+
+
+def native_affine(
+    mean: Sequence[float], std: Sequence[float]
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """The native stores' (scale, shift) triples: the float32 values of :func:`_affine`."""
+    return _native_affine(tuple(float(m) for m in mean), tuple(float(s) for s in std))
+
+
+@functools.lru_cache(maxsize=64)
+def _native_affine(
+    mean: tuple[float, ...], std: tuple[float, ...]
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    scale, offset = _affine(mean, std)
+    s, o = scale.ravel().tolist(), offset.ravel().tolist()
+    return (s[0], s[1], s[2]), (o[0], o[1], o[2])
+
+
+# The native module's output dtype codes (OUT_F32 ... OUT_U8 in _native.c).
+NATIVE_DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2, "uint8": 3}
 
 
 def _normalize_planes(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +12,7 @@ import simplejpeg
 from PIL import Image
 
 from gpu_loader.datasets import photo_like
+from gpu_loader.ops._backend import ENV_VAR, native_module
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,15 @@ def png(image: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, "PNG")
     return buf.getvalue()
+
+
+@pytest.fixture(params=["native", "pillow"])
+def cpu_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Runs the test once per CPU backend (``$GPU_LOADER_CPU_BACKEND``)."""
+    monkeypatch.setenv(ENV_VAR, request.param)
+    native_module.cache_clear()
+    yield request.param
+    native_module.cache_clear()  # the next lookup sees the restored environment
 
 
 # (height, width, subsampling): small, typical, portrait, wide, and big ones that take the

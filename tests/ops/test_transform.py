@@ -55,18 +55,22 @@ def psnr01(a: np.ndarray, b: np.ndarray, transform: TrainTransform | EvalTransfo
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
 
+# Every test here runs on both CPU backends (native C and Pillow): same function, same bounds.
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+
+
 @pytest.fixture
 def scales_used(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Records the DCT scale of every decode load_into does."""
+    """Records the DCT scale load_into chooses for every JPEG (both backends ask the same rule)."""
     seen: list[float] = []
-    real = load_module.decode_at
+    real = load_module.dct_factor_for
 
-    def spy(*args: object, **kwargs: object) -> DecodedImage:
-        image = real(*args, **kwargs)  # type: ignore[arg-type]
-        seen.append(image.scale)
-        return image
+    def spy(*args: object, **kwargs: object) -> int:
+        factor = real(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(1.0 / factor)
+        return factor
 
-    monkeypatch.setattr(load_module, "decode_at", spy)
+    monkeypatch.setattr(load_module, "dct_factor_for", spy)
     return seen
 
 

@@ -1,0 +1,54 @@
+"""Which CPU implementation runs: the native C fast path or the Pillow path.
+
+Both compute the same function (transform-semantics.md). ``native`` is the compiled
+extension ``gpu_loader.ops._native`` (libjpeg-turbo region decode streamed into a fused
+resize, normalise and cast); it is built at install time when a C compiler and libjpeg's
+headers are present. ``pillow`` is the pure-Python-plus-libraries path (simplejpeg decode,
+Pillow resize, OpenCV normalise), always available. ``$GPU_LOADER_CPU_BACKEND`` chooses:
+``auto`` (default: native when built), ``native`` (an error if it is not built) or
+``pillow``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+from typing import Literal
+
+CpuBackend = Literal["native", "pillow"]
+ENV_VAR = "GPU_LOADER_CPU_BACKEND"
+_CHOICES = ("auto", "native", "pillow")
+_BUILD_HINT = (
+    "the native CPU fast path (gpu_loader.ops._native) is not built; install a C compiler "
+    "and libjpeg's headers (Debian/Ubuntu: apt-get install gcc libjpeg-dev; Fedora: "
+    "dnf install gcc libjpeg-turbo-devel), then reinstall: pip install --force-reinstall "
+    "--no-deps gpu-loader"
+)
+
+
+def cpu_backend() -> CpuBackend:
+    """The CPU implementation in use: "native" or "pillow" (see ``$GPU_LOADER_CPU_BACKEND``)."""
+    return "native" if native_module() is not None else "pillow"
+
+
+@functools.cache
+def native_module() -> ModuleType | None:
+    """The native extension when it is chosen and built, else None (cached per process)."""
+    choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"${ENV_VAR} must be one of {_CHOICES}, got {choice!r}")
+    if choice == "pillow":
+        return None
+    try:
+        from gpu_loader.ops import _native
+    except ImportError:
+        if choice == "native":
+            raise ImportError(f"${ENV_VAR}=native, but {_BUILD_HINT}") from None
+        return None
+    return _native
+
+
+def build_hint() -> str:
+    """How to get the native backend, for messages and `gpu-loader inspect`."""
+    return _BUILD_HINT

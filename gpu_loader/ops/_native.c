@@ -1,0 +1,658 @@
+/*
+ * gpu_loader.ops._native: the CPU fast path, in C, with the GIL released.
+ *
+ * Two entry points compute the same function as gpu_loader.ops.transform_into and as the
+ * CUDA kernel (kernels/fused_resize.cu): crop box -> antialiased bilinear resize (Pillow's
+ * BILINEAR weights, float, no rounding between the passes) -> optional horizontal flip ->
+ * (x / 255 - mean) / std -> CHW -> float32 / float16 / bfloat16 / uint8, written straight
+ * into a caller's [3, H, W] slot.
+ *
+ *   resize_into(src, height, width, channels, box, out, out_h, out_w, flip, dtype, scale, shift)
+ *       src: C-contiguous HWC uint8 with 1, 3 or 4 channels (RGB, or RGBX whose X is ignored).
+ *   decode_resize_jpeg(data, denom, height, width, box, out, out_h, out_w, flip, dtype,
+ *                      scale, shift)
+ *       decodes a YCbCr or greyscale JPEG with libjpeg-turbo at 1/denom scale (DCT domain),
+ *       only the columns the box needs (jpeg_crop_scanline) and from the first row it needs
+ *       (jpeg_skip_scanlines), streaming each decoded row into the resize; no full-size image
+ *       is ever allocated. The rows after the box are still entropy-decoded (skipped, not
+ *       reconstructed), so a truncated or corrupt file fails wherever its damage is, exactly as
+ *       a full decode would. (height, width) are the expected scaled dimensions.
+ *
+ * The resize runs vertical-first: each source row is added, weighted, into the accumulators
+ * of the few output rows whose window contains it (a ring of rows, contiguous and
+ * vectorisable); when an output row's window is complete its horizontal pass writes the
+ * normalised values into the three output planes. Working memory is a few rows.
+ *
+ * Weights follow transform-semantics.md: scale = (b1 - b0) / out, filterscale = max(scale, 1),
+ * support = filterscale, centre c = b0 + (i + 0.5) * scale, taps [max(int(c - support + 0.5), 0),
+ * min(int(c + support + 0.5), in)), weight tri((x - c + 0.5) / filterscale), normalised.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+enum { OUT_F32 = 0, OUT_F16 = 1, OUT_BF16 = 2, OUT_U8 = 3 };
+static const int OUT_ITEMSIZE[4] = {4, 2, 2, 1};
+
+/* ------------------------------------------------------------------ resampling weights */
+
+typedef struct {
+    int n;          /* output size along this axis */
+    int *lo;        /* first source index of each output index */
+    int *count;     /* number of taps of each output index */
+    int max_taps;   /* the largest count */
+    float *w;       /* [n][max_taps] normalised weights, zero padded */
+} Axis;
+
+static void axis_free(Axis *a) {
+    free(a->lo);
+    free(a->count);
+    free(a->w);
+    a->lo = a->count = NULL;
+    a->w = NULL;
+}
+
+/* Pillow's precompute_coeffs in double, normalised, stored as float. 0 on success. */
+static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size) {
+    const double scale = (b1 - b0) / out_size;
+    const double filterscale = scale > 1.0 ? scale : 1.0;
+    const double support = filterscale;
+    a->n = out_size;
+    a->max_taps = (int)ceil(support) * 2 + 1;
+    a->lo = malloc(sizeof(int) * (size_t)out_size);
+    a->count = malloc(sizeof(int) * (size_t)out_size);
+    a->w = calloc((size_t)out_size * (size_t)a->max_taps, sizeof(float));
+    if (!a->lo || !a->count || !a->w) {
+        axis_free(a);
+        return -1;
+    }
+    for (int i = 0; i < out_size; ++i) {
+        const double c = b0 + (i + 0.5) * scale;
+        int lo = (int)(c - support + 0.5);
+        int hi = (int)(c + support + 0.5);
+        if (lo < 0) lo = 0;
+        if (hi > in_size) hi = in_size;
+        if (hi - lo > a->max_taps) hi = lo + a->max_taps; /* cannot happen; keeps writes in range */
+        double ws[64];
+        double *wp = a->max_taps <= 64 ? ws : malloc(sizeof(double) * (size_t)a->max_taps);
+        if (!wp) {
+            axis_free(a);
+            return -1;
+        }
+        double total = 0.0;
+        for (int x = lo; x < hi; ++x) {
+            double t = fabs((x - c + 0.5) / filterscale);
+            double v = t < 1.0 ? 1.0 - t : 0.0;
+            wp[x - lo] = v;
+            total += v;
+        }
+        float *row = a->w + (size_t)i * (size_t)a->max_taps;
+        for (int x = lo; x < hi; ++x) {
+            row[x - lo] = total > 0.0 ? (float)(wp[x - lo] / total) : 0.0f;
+        }
+        if (wp != ws) free(wp);
+        a->lo[i] = lo;
+        a->count[i] = hi - lo;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ output stores */
+
+/* float32 -> float16 bits, round to nearest even (numpy's astype(float16)). */
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    uint32_t h;
+    if (x >= 0x47800000u) { /* >= 65536, inf or nan */
+        h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (x < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        /* Adding 0.5 lines the half's subnormal bits up with the float mantissa's low bits,
+           and the float addition rounds them to nearest even. */
+        float a;
+        memcpy(&a, &x, 4);
+        a += 0.5f;
+        uint32_t b;
+        memcpy(&b, &a, 4);
+        h = b - 0x3f000000u;
+    } else {
+        const uint32_t odd = (x >> 13) & 1u;
+        x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+        h = x >> 13; /* a carry into the exponent rounds up to the next binade, or to inf */
+    }
+    return (uint16_t)(h | sign);
+}
+
+/* float32 -> bfloat16 bits, round to nearest even (finite inputs). */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Writes one output row of one plane from `values` (out_w floats, resized order). */
+static void store_row(void *plane_row, const float *values, int out_w, int flip, int dtype,
+                      float scale, float shift) {
+    switch (dtype) {
+    case OUT_F32: {
+        float *d = plane_row;
+        if (flip) {
+            for (int j = 0; j < out_w; ++j) d[out_w - 1 - j] = values[j] * scale + shift;
+        } else {
+            for (int j = 0; j < out_w; ++j) d[j] = values[j] * scale + shift;
+        }
+        break;
+    }
+    case OUT_F16: {
+        uint16_t *d = plane_row;
+        for (int j = 0; j < out_w; ++j) {
+            d[flip ? out_w - 1 - j : j] = f32_to_f16(values[j] * scale + shift);
+        }
+        break;
+    }
+    case OUT_BF16: {
+        uint16_t *d = plane_row;
+        for (int j = 0; j < out_w; ++j) {
+            d[flip ? out_w - 1 - j : j] = f32_to_bf16(values[j] * scale + shift);
+        }
+        break;
+    }
+    default: { /* uint8: no normalisation, round half to even, clamp */
+        uint8_t *d = plane_row;
+        for (int j = 0; j < out_w; ++j) {
+            long q = lrintf(values[j]);
+            d[flip ? out_w - 1 - j : j] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+        }
+        break;
+    }
+    }
+}
+
+/* --------------------------------------------------------------------- streaming resize */
+
+typedef float v4f __attribute__((vector_size(16))); /* GCC/Clang vector extension */
+
+/* acc += w * pixels: the vertical pass's inner loop, cloned for AVX2 where the CPU has it. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void accumulate(float *restrict acc, const uint8_t *restrict pixels, float w, int len) {
+    for (int t = 0; t < len; ++t) acc[t] += w * (float)pixels[t];
+}
+
+typedef struct {
+    Axis ax, ay;
+    int channels;     /* channels per source pixel: 1, 3 or 4 (the 4th is ignored) */
+    int x0;           /* first source column the horizontal taps read */
+    int row_len;      /* floats per accumulator row: (last column - x0) * channels */
+    int row_pitch;    /* row_len plus padding for the 4-lane loads of the horizontal pass */
+    int ring;         /* accumulator rows kept */
+    float *acc;       /* [ring][row_len] */
+    float *values;    /* [3][out_w] one output row, resized order */
+    int next_start;   /* first output row not yet started */
+    int next_done;    /* first output row not yet written */
+    /* output */
+    char *out;
+    int out_h, out_w, flip, dtype;
+    float scale[3], shift[3];
+} Resizer;
+
+static void resizer_free(Resizer *r) {
+    axis_free(&r->ax);
+    axis_free(&r->ay);
+    free(r->acc);
+    free(r->values);
+    r->acc = r->values = NULL;
+}
+
+/* The first and one-past-last source row (or column) any output index reads. */
+static void axis_span(const Axis *a, int *first, int *last) {
+    int f = a->lo[0], l = a->lo[0] + a->count[0];
+    for (int i = 1; i < a->n; ++i) {
+        if (a->lo[i] < f) f = a->lo[i];
+        if (a->lo[i] + a->count[i] > l) l = a->lo[i] + a->count[i];
+    }
+    *first = f;
+    *last = l;
+}
+
+/* 0 on success, -1 out of memory. Box is (top, left, height, width) in source pixels. */
+static int resizer_init(Resizer *r, int height, int width, int channels, const double box[4],
+                        char *out, int out_h, int out_w, int flip, int dtype,
+                        const float scale[3], const float shift[3]) {
+    memset(r, 0, sizeof(*r));
+    if (axis_init(&r->ay, height, box[0], box[0] + box[2], out_h) ||
+        axis_init(&r->ax, width, box[1], box[1] + box[3], out_w)) {
+        resizer_free(r);
+        return -1;
+    }
+    int x1;
+    axis_span(&r->ax, &r->x0, &x1);
+    r->channels = channels;
+    r->row_len = (x1 - r->x0) * channels;
+    r->row_pitch = r->row_len + 4;
+    /* Output rows live at once: those whose window holds one source row. */
+    int ring = 1;
+    for (int i = 0; i < out_h; ++i) {
+        int end = r->ay.lo[i] + r->ay.count[i], k = i + 1;
+        while (k < out_h && r->ay.lo[k] < end) ++k;
+        if (k - i > ring) ring = k - i;
+    }
+    r->ring = ring;
+    r->acc = calloc((size_t)ring * (size_t)r->row_pitch, sizeof(float));
+    r->values = malloc(sizeof(float) * 3 * (size_t)out_w);
+    if (!r->acc || !r->values) {
+        resizer_free(r);
+        return -1;
+    }
+    r->out = out;
+    r->out_h = out_h;
+    r->out_w = out_w;
+    r->flip = flip;
+    r->dtype = dtype;
+    for (int c = 0; c < 3; ++c) {
+        r->scale[c] = scale[c];
+        r->shift[c] = shift[c];
+    }
+    return 0;
+}
+
+/* The horizontal pass of a finished accumulator row into output row `i`. */
+static void finish_row(Resizer *r, int i) {
+    const float *acc = r->acc + (size_t)(i % r->ring) * (size_t)r->row_pitch;
+    const int C = r->channels, out_w = r->out_w, taps = r->ax.max_taps;
+    const int planes = C == 1 ? 1 : 3;
+    for (int j = 0; j < out_w; ++j) {
+        const float *w = r->ax.w + (size_t)j * (size_t)taps;
+        const float *p = acc + (size_t)(r->ax.lo[j] - r->x0) * (size_t)C;
+        const int n = r->ax.count[j];
+        if (C == 1) {
+            float s = 0.0f;
+            for (int k = 0; k < n; ++k) s += w[k] * p[k];
+            r->values[j] = s;
+        } else {
+            /* One 4-lane multiply-add per tap: lanes 0-2 are R, G, B; lane 3 reads the next
+               pixel's first channel (or the row's padding) and is discarded. */
+            v4f s = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k = 0; k < n; ++k, p += C) {
+                v4f px;
+                memcpy(&px, p, sizeof(px));
+                s += w[k] * px;
+            }
+            r->values[j] = s[0];
+            r->values[out_w + j] = s[1];
+            r->values[2 * out_w + j] = s[2];
+        }
+    }
+    const size_t plane = (size_t)r->out_h * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
+    const size_t row = (size_t)i * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
+    for (int c = 0; c < 3; ++c) {
+        const float *v = r->values + (size_t)(planes == 1 ? 0 : c) * (size_t)out_w;
+        store_row(r->out + c * plane + row, v, out_w, r->flip, r->dtype, r->scale[c],
+                  r->shift[c]);
+    }
+}
+
+/* Feeds source row `y` (pixels from column x0 on, `channels` bytes each). */
+static void resizer_row(Resizer *r, int y, const uint8_t *pixels) {
+    const int len = r->row_len;
+    while (r->next_start < r->out_h && r->ay.lo[r->next_start] <= y) {
+        memset(r->acc + (size_t)(r->next_start % r->ring) * (size_t)r->row_pitch, 0,
+               sizeof(float) * (size_t)len);
+        r->next_start++;
+    }
+    for (int i = r->next_done; i < r->next_start; ++i) {
+        const int k = y - r->ay.lo[i];
+        if (k >= r->ay.count[i]) continue;
+        const float w = r->ay.w[(size_t)i * (size_t)r->ay.max_taps + (size_t)k];
+        accumulate(r->acc + (size_t)(i % r->ring) * (size_t)r->row_pitch, pixels, w, len);
+    }
+    while (r->next_done < r->next_start &&
+           r->ay.lo[r->next_done] + r->ay.count[r->next_done] <= y + 1) {
+        finish_row(r, r->next_done);
+        r->next_done++;
+    }
+}
+
+/* ---------------------------------------------------------------------- argument helpers */
+
+static int parse_common(PyObject *box_obj, PyObject *scale_obj, PyObject *shift_obj,
+                        double box[4], float scale[3], float shift[3], int dtype) {
+    if (!PyArg_ParseTuple(box_obj, "dddd;box must be (top, left, height, width)", &box[0],
+                          &box[1], &box[2], &box[3]))
+        return -1;
+    double s[3], h[3];
+    if (!PyArg_ParseTuple(scale_obj, "ddd;scale must be 3 floats", &s[0], &s[1], &s[2]) ||
+        !PyArg_ParseTuple(shift_obj, "ddd;shift must be 3 floats", &h[0], &h[1], &h[2]))
+        return -1;
+    for (int c = 0; c < 3; ++c) {
+        scale[c] = (float)s[c];
+        shift[c] = (float)h[c];
+    }
+    if (dtype < 0 || dtype > 3) {
+        PyErr_Format(PyExc_ValueError, "dtype code must be 0..3, got %d", dtype);
+        return -1;
+    }
+    if (!(box[2] > 0.0) || !(box[3] > 0.0) || box[0] < 0.0 || box[1] < 0.0) {
+        PyErr_Format(PyExc_ValueError, "crop box must have top, left >= 0 and positive size");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_box(const double box[4], int height, int width) {
+    if (box[0] + box[2] > height + 1e-3 || box[1] + box[3] > width + 1e-3) {
+        PyErr_Format(PyExc_ValueError, "crop box exceeds the %dx%d image", height, width);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_out(Py_buffer *out, int out_h, int out_w, int dtype) {
+    if (out_h < 1 || out_w < 1) {
+        PyErr_Format(PyExc_ValueError, "output size must be >= 1, got %dx%d", out_h, out_w);
+        return -1;
+    }
+    const Py_ssize_t need = (Py_ssize_t)3 * out_h * out_w * OUT_ITEMSIZE[dtype];
+    if (out->len != need) {
+        PyErr_Format(PyExc_ValueError, "`out` holds %zd bytes, [3, %d, %d] of this dtype needs %zd",
+                     out->len, out_h, out_w, need);
+        return -1;
+    }
+    return 0;
+}
+
+/* Clamps float round-off at the far edge, as gpu_loader.ops.clamp_box does. */
+static void clamp_box(double box[4], int height, int width) {
+    if (box[0] + box[2] > height) box[2] = height - box[0];
+    if (box[1] + box[3] > width) box[3] = width - box[1];
+}
+
+/* ------------------------------------------------------------------------- resize_into */
+
+static PyObject *py_resize_into(PyObject *self, PyObject *args) {
+    Py_buffer src, out;
+    int height, width, channels, out_h, out_w, flip, dtype;
+    PyObject *box_obj, *scale_obj, *shift_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO", &src, &height, &width, &channels, &box_obj,
+                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj))
+        return NULL;
+    PyObject *result = NULL;
+    double box[4];
+    float scale[3], shift[3];
+    Resizer r;
+    memset(&r, 0, sizeof(r));
+    if (parse_common(box_obj, scale_obj, shift_obj, box, scale, shift, dtype) ||
+        check_out(&out, out_h, out_w, dtype) || check_box(box, height, width))
+        goto done;
+    if (channels != 1 && channels != 3 && channels != 4) {
+        PyErr_Format(PyExc_ValueError, "channels must be 1, 3 or 4, got %d", channels);
+        goto done;
+    }
+    if (height < 1 || width < 1 || src.len != (Py_ssize_t)height * width * channels) {
+        PyErr_Format(PyExc_ValueError, "`src` holds %zd bytes, not %d x %d x %d", src.len,
+                     height, width, channels);
+        goto done;
+    }
+    clamp_box(box, height, width);
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = resizer_init(&r, height, width, channels, box, out.buf, out_h, out_w, flip, dtype,
+                          scale, shift);
+    if (!failed) {
+        int y0, y1;
+        axis_span(&r.ay, &y0, &y1);
+        const uint8_t *base = src.buf;
+        for (int y = y0; y < y1; ++y) {
+            resizer_row(&r, y, base + ((size_t)y * (size_t)width + (size_t)r.x0) * (size_t)channels);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    resizer_free(&r);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* ------------------------------------------------------------------ decode_resize_jpeg */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+} ErrorManager;
+
+static void on_error(j_common_ptr cinfo) {
+    ErrorManager *e = (ErrorManager *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, e->message);
+    longjmp(e->jump, 1);
+}
+
+/* Warnings (corrupt data, premature end of file) are errors here, as simplejpeg's strict
+   mode makes them: a damaged file must be reported, not delivered with grey blocks. */
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) on_error(cinfo);
+}
+
+static PyObject *JpegError;
+
+enum { ROWS_PER_READ = 16 }; /* scanlines asked of libjpeg per call */
+enum { CROP_MARGIN = 16 }; /* pixels: the widest iMCU (h2 sampling, 8x8 blocks) */
+
+typedef struct {
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    Resizer r;
+    JSAMPLE *rows;
+    int created;
+} JpegJob;
+
+/* Returns 0, or 1 with job->err.message set, or -1 out of memory. Runs without the GIL. */
+static int jpeg_job_run(JpegJob *job, const uint8_t *data, size_t size, int denom, int height,
+                        int width, const double box_in[4], char *out, int out_h, int out_w,
+                        int flip, int dtype, const float scale[3], const float shift[3]) {
+    struct jpeg_decompress_struct *cinfo = &job->cinfo;
+    double box[4] = {box_in[0], box_in[1], box_in[2], box_in[3]};
+    cinfo->err = jpeg_std_error(&job->err.pub);
+    job->err.pub.error_exit = on_error;
+    job->err.pub.emit_message = on_message;
+    if (setjmp(job->err.jump)) return 1;
+    jpeg_create_decompress(cinfo);
+    job->created = 1;
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    const int grey = cinfo->jpeg_color_space == JCS_GRAYSCALE;
+    if (!grey && cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_RGB) {
+        snprintf(job->err.message, sizeof(job->err.message),
+                 "colour space %d is not YCbCr, RGB or greyscale", (int)cinfo->jpeg_color_space);
+        return 1;
+    }
+    cinfo->out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned int)denom;
+    cinfo->dct_method = JDCT_ISLOW; /* the library default, as simplejpeg and Pillow use */
+    jpeg_start_decompress(cinfo);
+    if ((int)cinfo->output_height != height || (int)cinfo->output_width != width) {
+        snprintf(job->err.message, sizeof(job->err.message),
+                 "decoder gives %ux%u at 1/%d scale, expected %dx%d", cinfo->output_height,
+                 cinfo->output_width, denom, height, width);
+        return 1;
+    }
+    const int channels = grey ? 1 : 3;
+    clamp_box(box, height, width);
+    if (resizer_init(&job->r, height, width, channels, box, out, out_h, out_w, flip, dtype,
+                     scale, shift))
+        return -1;
+    int x0, x1, y0, y1;
+    axis_span(&job->r.ax, &x0, &x1);
+    axis_span(&job->r.ay, &y0, &y1);
+    /* The chroma upsampler treats the decoded span's edges as image edges, so a margin of
+       one iMCU (at most 16 pixels) on each side keeps the columns we use exact. libjpeg
+       then moves xoffset down to an iMCU boundary and widens the span to match. */
+    const int left = x0 > CROP_MARGIN ? x0 - CROP_MARGIN : 0;
+    const int right = x1 + CROP_MARGIN < width ? x1 + CROP_MARGIN : width;
+    JDIMENSION xoffset = (JDIMENSION)left, cropped = (JDIMENSION)(right - left);
+    if (left > 0 || right < width) jpeg_crop_scanline(cinfo, &xoffset, &cropped);
+    const size_t skip_cols = (size_t)(x0 - (int)xoffset) * (size_t)channels;
+    const size_t stride = (size_t)cropped * (size_t)channels;
+    /* Several rows per call: one row at a time costs libjpeg a copy through its spare row. */
+    job->rows = malloc(stride * ROWS_PER_READ);
+    if (!job->rows) return -1;
+    JSAMPROW pointers[ROWS_PER_READ];
+    for (int k = 0; k < ROWS_PER_READ; ++k) pointers[k] = job->rows + (size_t)k * stride;
+    if (y0 > 0) jpeg_skip_scanlines(cinfo, (JDIMENSION)y0);
+    int y = y0;
+    while (y < y1) {
+        const int want = y1 - y < ROWS_PER_READ ? y1 - y : ROWS_PER_READ;
+        const int got = (int)jpeg_read_scanlines(cinfo, pointers, (JDIMENSION)want);
+        if (got < 1) {
+            snprintf(job->err.message, sizeof(job->err.message), "no scanline %d", y);
+            return 1;
+        }
+        for (int k = 0; k < got; ++k, ++y) resizer_row(&job->r, y, pointers[k] + skip_cols);
+    }
+    /* Entropy-decode the rest without reconstructing it, so damage anywhere is found.
+       libjpeg-turbo's skip discards whole iMCU rows' coefficients after decoding them, but a
+       skip that reaches the last row returns at once without decoding anything: so skip to
+       the row before it and read that one. */
+    if ((int)cinfo->output_scanline < height - 1)
+        jpeg_skip_scanlines(cinfo, (JDIMENSION)(height - 1 - (int)cinfo->output_scanline));
+    while ((int)cinfo->output_scanline < height) {
+        if (jpeg_read_scanlines(cinfo, pointers, 1) != 1) break;
+    }
+    jpeg_finish_decompress(cinfo);
+    return 0;
+}
+
+static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
+    Py_buffer data, out;
+    int denom, height, width, out_h, out_w, flip, dtype;
+    PyObject *box_obj, *scale_obj, *shift_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO", &data, &denom, &height, &width, &box_obj,
+                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj))
+        return NULL;
+    PyObject *result = NULL;
+    double box[4];
+    float scale[3], shift[3];
+    JpegJob *job = calloc(1, sizeof(JpegJob));
+    if (!job) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (parse_common(box_obj, scale_obj, shift_obj, box, scale, shift, dtype) ||
+        check_out(&out, out_h, out_w, dtype) || check_box(box, height, width))
+        goto done;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", denom);
+        goto done;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = jpeg_job_run(job, data.buf, (size_t)data.len, denom, height, width, box, out.buf,
+                          out_h, out_w, flip, dtype, scale, shift);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (status > 0) {
+        PyErr_SetString(JpegError, job->err.message);
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (job) {
+        if (job->created) jpeg_destroy_decompress(&job->cinfo);
+        free(job->rows);
+        resizer_free(&job->r);
+        free(job);
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* ------------------------------------------------------------------- conversions (tests) */
+
+static PyObject *py_convert(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int dtype;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*i", &src, &dst, &dtype)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = src.len / 4;
+    if ((dtype != OUT_F16 && dtype != OUT_BF16) || dst.len != n * 2) {
+        PyErr_SetString(PyExc_ValueError, "convert: float32 in, 2-byte out, dtype 1 or 2");
+        goto done;
+    }
+    const float *s = src.buf;
+    uint16_t *d = dst.buf;
+    for (Py_ssize_t i = 0; i < n; ++i) d[i] = dtype == OUT_F16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"resize_into", py_resize_into, METH_VARARGS,
+     "resize_into(src, height, width, channels, box, out, out_h, out_w, flip, dtype, scale, "
+     "shift)\n\nCrop box -> antialiased bilinear resize -> flip -> x * scale + shift -> CHW "
+     "-> dtype, into out. GIL released."},
+    {"decode_resize_jpeg", py_decode_resize_jpeg, METH_VARARGS,
+     "decode_resize_jpeg(data, denom, height, width, box, out, out_h, out_w, flip, dtype, "
+     "scale, shift)\n\nDecode a JPEG at 1/denom scale, only the region the box needs, "
+     "streaming into resize_into's transform. Raises JpegError. GIL released."},
+    {"convert", py_convert, METH_VARARGS,
+     "convert(float32_src, dst, dtype)\n\nThe float16 (1) / bfloat16 (2) rounding the stores "
+     "use, exposed for tests."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "gpu_loader's CPU fast path: streaming JPEG region decode and fused resize (C, GIL free).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    JpegError = PyErr_NewException("gpu_loader.ops._native.JpegError", PyExc_ValueError, NULL);
+    if (!JpegError || PyModule_AddObject(m, "JpegError", JpegError) < 0) {
+        Py_XDECREF(JpegError);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(JpegError);
+#ifdef LIBJPEG_TURBO_VERSION_NUMBER
+    if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
+}

@@ -1,0 +1,39 @@
+"""Type stub of the C extension gpu_loader.ops._native (source: _native.c beside this file)."""
+
+from typing_extensions import Buffer
+
+LIBJPEG_TURBO_VERSION: int
+
+class JpegError(ValueError): ...
+
+def resize_into(
+    src: Buffer,
+    height: int,
+    width: int,
+    channels: int,
+    box: tuple[float, float, float, float],
+    out: Buffer,
+    out_h: int,
+    out_w: int,
+    flip: bool,
+    dtype: int,
+    scale: tuple[float, float, float],
+    shift: tuple[float, float, float],
+    /,
+) -> None: ...
+def decode_resize_jpeg(
+    data: Buffer,
+    denom: int,
+    height: int,
+    width: int,
+    box: tuple[float, float, float, float],
+    out: Buffer,
+    out_h: int,
+    out_w: int,
+    flip: bool,
+    dtype: int,
+    scale: tuple[float, float, float],
+    shift: tuple[float, float, float],
+    /,
+) -> None: ...
+def convert(src: Buffer, dst: Buffer, dtype: int, /) -> None: ...

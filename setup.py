@@ -1,0 +1,22 @@
+"""The one compiled part: gpu_loader.ops._native (the CPU fast path, C + libjpeg-turbo).
+
+Everything else is configured in pyproject.toml. The extension is optional: without a C
+compiler or libjpeg's headers (Debian/Ubuntu `libjpeg-dev`, Fedora `libjpeg-turbo-devel`)
+the package still installs and `gpu_loader.ops` falls back to its Pillow path (slower, same
+function); `gpu_loader.ops.cpu_backend()` says which one runs.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "gpu_loader.ops._native",
+            sources=["gpu_loader/ops/_native.c"],
+            libraries=["jpeg"],
+            # -O3 vectorises the row loops; no -ffast-math: the rounding must stay IEEE.
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)

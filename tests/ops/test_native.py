@@ -1,0 +1,261 @@
+"""The native CPU fast path (gpu_loader.ops._native): exactness against full decodes and the
+float64 spec, the casts bit for bit, damage anywhere in a file, arguments, fallbacks."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from gpu_loader.ops import CropParams, DecodeError, TrainTransform, cpu_backend, load_into
+from gpu_loader.ops._backend import ENV_VAR, native_module
+from gpu_loader.ops._resample import resize_reference
+from gpu_loader.ops._transform import NATIVE_DTYPE_CODES, native_affine
+from tests.ops.conftest import jpeg
+
+_native = pytest.importorskip("gpu_loader.ops._native", reason="checked by the next test")
+
+NO_NORM = ((1.0, 1.0, 1.0), (0.0, 0.0, 0.0))  # scale, shift: raw 0..255 values
+OUT_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint8": np.uint8}
+
+
+def test_native_extension_is_built() -> None:
+    # The README's install builds it (gcc + libjpeg headers); CI proves the fast path runs.
+    assert native_module() is not None, "gpu_loader.ops._native missing: see setup.py"
+    assert cpu_backend() == "native"
+
+
+def test_backend_choice_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        monkeypatch.setenv(ENV_VAR, "pillow")
+        native_module.cache_clear()
+        assert cpu_backend() == "pillow"
+        monkeypatch.setenv(ENV_VAR, "fastest")
+        native_module.cache_clear()
+        with pytest.raises(ValueError, match="GPU_LOADER_CPU_BACKEND must be one of"):
+            cpu_backend()
+    finally:
+        monkeypatch.delenv(ENV_VAR)
+        native_module.cache_clear()
+    assert cpu_backend() == "native"
+
+
+def photo(h: int, w: int, seed: int, gray: bool = False) -> np.ndarray:
+    from gpu_loader.datasets import photo_like
+
+    image = photo_like(h, w, np.random.default_rng(seed))
+    if gray:
+        return np.ascontiguousarray(image.mean(axis=2, keepdims=True).astype(np.uint8))
+    return image
+
+
+def native_roi(
+    data: bytes,
+    denom: int,
+    size: tuple[int, int],
+    box: tuple[float, ...],
+    out_hw: tuple[int, int],
+    flip: bool,
+    dtype: str,
+) -> np.ndarray:
+    out = np.empty((3, *out_hw), OUT_DTYPE[dtype])
+    _native.decode_resize_jpeg(
+        data,
+        denom,
+        size[0],
+        size[1],
+        box,
+        out,
+        *out_hw,
+        flip,
+        NATIVE_DTYPE_CODES[dtype],
+        *native_affine((0.4,) * 3, (0.2,) * 3),
+    )
+    return out
+
+
+def native_full(
+    image: np.ndarray, box: tuple[float, ...], out_hw: tuple[int, int], flip: bool, dtype: str
+) -> np.ndarray:
+    out = np.empty((3, *out_hw), OUT_DTYPE[dtype])
+    h, w, c = image.shape
+    _native.resize_into(
+        image,
+        h,
+        w,
+        c,
+        box,
+        out,
+        *out_hw,
+        flip,
+        NATIVE_DTYPE_CODES[dtype],
+        *native_affine((0.4,) * 3, (0.2,) * 3),
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("sub", "gray"), [("420", False), ("444", False), ("422", False), ("gray", True)]
+)
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_region_decode_equals_full_decode_bit_for_bit(sub: str, gray: bool, denom: int) -> None:
+    """Cropping columns, skipping rows and the DCT scale change which pixels are decoded,
+    never their values: the result equals a full decode (simplejpeg) resized the same way."""
+    image = photo(613, 877, seed=denom, gray=gray)
+    if gray:
+        data = bytes(simplejpeg.encode_jpeg(image, quality=90, colorspace="GRAY"))
+    else:
+        data = jpeg(image, 90, sub)
+    sh, sw = math.ceil(613 / denom), math.ceil(877 / denom)
+    full = simplejpeg.decode_jpeg(
+        data, colorspace="GRAY" if gray else "RGB", min_height=sh, min_width=sw
+    )
+    assert full.shape[:2] == (sh, sw)
+    rng = np.random.default_rng(denom)
+    boxes = [
+        (0.0, 0.0, sh, sw),
+        (0.0, 0.0, sh / 3, sw / 4),
+        (sh / 2, sw / 2, sh / 2, sw / 2),
+        (sh - 7.5, sw - 9.25, 7.5, 9.25),
+    ]  # whole, top-left, bottom-right, tiny corner
+    for _ in range(6):
+        top, left = rng.uniform(0, sh - 8), rng.uniform(0, sw - 8)
+        boxes.append((top, left, rng.uniform(4, sh - top), rng.uniform(4, sw - left)))
+    for i, box in enumerate(boxes):
+        out_hw = [(64, 48), (224, 224), (17, 301)][i % 3]  # shrink, both, stretch
+        for dtype, flip in (("float32", i % 2 == 1), ("uint8", i % 2 == 0)):
+            got = native_roi(data, denom, (sh, sw), box, out_hw, flip, dtype)
+            want = native_full(full, box, out_hw, flip, dtype)
+            assert np.array_equal(got, want), (sub, denom, box, out_hw, dtype)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_resize_matches_the_float64_spec(channels: int) -> None:
+    rgb = photo(157, 211, seed=3)
+    src = {1: rgb[:, :, :1], 3: rgb, 4: np.concatenate([rgb, rgb[:, :, :1] ^ 0x5A], axis=2)}
+    image = np.ascontiguousarray(src[channels])
+    rng = np.random.default_rng(channels)
+    for i in range(12):
+        top, left = rng.uniform(0, 120), rng.uniform(0, 170)
+        p = CropParams(
+            top, left, rng.uniform(1, 157 - top), rng.uniform(1, 211 - left), flip=bool(i % 2)
+        )
+        out_hw = (int(rng.integers(1, 90)), int(rng.integers(1, 90)))
+        out = np.full((3, *out_hw), np.nan, np.float32)
+        _native.resize_into(
+            image,
+            157,
+            211,
+            channels,
+            (p.top, p.left, p.height, p.width),
+            out,
+            *out_hw,
+            p.flip,
+            0,
+            *NO_NORM,
+        )
+        ref_src = np.repeat(image, 3, axis=2) if channels == 1 else image[:, :, :3]
+        ref = resize_reference(ref_src, p, out_hw).transpose(2, 0, 1)
+        assert np.abs(out - ref).max() < 2e-3  # levels: float32 vs float64, no rounding
+
+
+def test_float16_and_bfloat16_rounding_bit_for_bit() -> None:
+    import torch
+
+    rng = np.random.default_rng(0)
+    specials = np.array(
+        [
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            65519.99,
+            65520.0,
+            1e6,
+            6.1e-5,
+            6.0e-8,
+            2.98e-8,
+            3.0e-8,
+            1e-10,
+            2049.0,
+            2051.0,
+            0.1,
+            -0.3,
+        ],
+        np.float32,
+    )
+    values = np.concatenate(
+        [
+            specials,
+            rng.normal(0, 3, 20000).astype(np.float32),
+            (rng.uniform(-1, 1, 20000) * 1e-4).astype(np.float32),
+        ]
+    )
+    half = np.empty(values.size, np.uint16)
+    _native.convert(values, half, 1)
+    with np.errstate(over="ignore"):  # the overflow to inf is among the cases
+        expected_half = values.astype(np.float16)
+    assert np.array_equal(half, expected_half.view(np.uint16))
+    finite = values[np.abs(values) < 3e38]
+    bf16 = np.empty(finite.size, np.uint16)
+    _native.convert(finite, bf16, 2)
+    expected = torch.from_numpy(finite).to(torch.bfloat16).view(torch.int16).numpy()
+    assert np.array_equal(bf16.view(np.int16), expected)
+
+
+def damaged_below_the_crop() -> tuple[bytes, bytes, TrainTransform]:
+    """A JPEG truncated, and one corrupted, in rows far below a crop box at the top."""
+    data = jpeg(photo(800, 600, seed=9), 90, "420")
+    truncated = data[: int(len(data) * 0.8)]
+    body = bytearray(data)
+    start = int(len(data) * 0.85)
+    body[start : start + 64] = bytes(range(64))  # garbage entropy data, markers included
+    return truncated, bytes(body), TrainTransform(64, scale=(0.05, 0.06))
+
+
+def test_damage_after_the_crop_box_is_still_reported() -> None:
+    """The rows after the box are entropy-decoded (not reconstructed), so a file fails
+    whatever its crop: the same set of bad files in every epoch."""
+    truncated, corrupt, t = damaged_below_the_crop()
+    out = np.empty((3, 64, 64), np.float32)
+    for name, data in (("cut.jpg", truncated), ("bad.jpg", corrupt)):
+        for seed in range(8):
+            with pytest.raises(DecodeError, match=f"{name}.*corrupt or truncated"):
+                load_into(data, t, np.random.default_rng(seed), out, dtype="float32", key=name)
+
+
+def test_arguments_are_checked() -> None:
+    image = photo(40, 50, seed=1)
+    out = np.empty((3, 8, 8), np.float32)
+    args = (image, 40, 50, 3)
+    with pytest.raises(ValueError, match="exceeds the 40x50 image"):
+        _native.resize_into(*args, (0.0, 0.0, 41.0, 50.0), out, 8, 8, False, 0, *NO_NORM)
+    with pytest.raises(ValueError, match=r"\[3, 8, 9\] of this dtype needs"):
+        _native.resize_into(*args, (0.0, 0.0, 40.0, 50.0), out, 8, 9, False, 0, *NO_NORM)
+    with pytest.raises(ValueError, match="channels must be 1, 3 or 4"):
+        _native.resize_into(image, 40, 75, 2, (0.0, 0.0, 4.0, 4.0), out, 8, 8, False, 0, *NO_NORM)
+    with pytest.raises(ValueError, match="positive size"):
+        _native.resize_into(*args, (0.0, 0.0, 0.0, 5.0), out, 8, 8, False, 0, *NO_NORM)
+    with pytest.raises(TypeError):
+        _native.resize_into(*args, (0.0, 0.0, 4.0, 4.0), out[:, :, ::2], 8, 4, False, 0, *NO_NORM)
+    with pytest.raises(_native.JpegError, match="expected 9x9"):
+        _native.decode_resize_jpeg(
+            jpeg(image), 1, 9, 9, (0.0, 0.0, 9.0, 9.0), out, 8, 8, False, 0, *NO_NORM
+        )
+
+
+def test_cmyk_and_rotated_jpegs_take_the_general_path() -> None:
+    rgb = photo(120, 90, seed=4)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).convert("CMYK").save(buf, "JPEG", quality=95)
+    cmyk = buf.getvalue()
+    assert simplejpeg.decode_jpeg_header(cmyk)[2] == "CMYK"
+    t = TrainTransform(32)
+    out = np.empty((3, 32, 32), np.float32)
+    assert load_into(cmyk, t, np.random.default_rng(0), out, dtype="float32") == (120, 90)
+    assert np.isfinite(out).all()
