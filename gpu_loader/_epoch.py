@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -213,7 +214,7 @@ class EpochBase:
 
 
 class CpuEpoch(EpochBase):
-    """read (I/O threads) -> decode + transform (CPU threads) -> batcher in this thread.
+    """read (I/O threads) -> decode + transform (CPU threads) -> batcher thread -> queue.
 
     Ordered mode writes each sample straight into its slot of its batch's tensor; straggler
     mode writes it into a recycled per-sample tensor and copies it into the batch it joins.
@@ -223,8 +224,6 @@ class CpuEpoch(EpochBase):
         import torch
 
         super().__init__(loader, resume)
-        self.stream_done = False
-        self.tail: collections.deque[Batch[Any]] = collections.deque()
         self.torch_dtype = getattr(torch, loader.dtype)
         self.out_h, self.out_w = loader.transform.output_size
         self.pin = loader._pin_batches()
@@ -260,7 +259,9 @@ class CpuEpoch(EpochBase):
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()
         )
-        self.stream: Iterator[Task] | None = None
+        # Formed batches on their way to the training loop (see `form`).
+        self.formed: queue.SimpleQueue[Formed | BaseException | None] = queue.SimpleQueue()
+        self.former: threading.Thread | None = None
 
     # -- stages (worker threads) -----------------------------------------------------------
     def read(self, task: Task) -> Task:
@@ -317,40 +318,74 @@ class CpuEpoch(EpochBase):
                 self.buffers[b] = buf
         return buf[position - b * plan.batch_size]
 
-    # -- consuming (the training loop's thread) -----------------------------------------
+    # -- forming (the batcher thread) -----------------------------------------------------
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         with self.pipeline:
-            self.stream = iter(self.pipeline)
+            stream = iter(self.pipeline)
+            self.former = threading.Thread(
+                target=self.form, args=(stream,), name="gpu_loader-batcher", daemon=True
+            )
+            self.former.start()
             yield
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
-        batch = self.next_formed()
-        return None if batch is None else self.assemble(batch)
+    def form(self, stream: Iterator[Task]) -> None:
+        """The batcher thread: feed completions to the batcher, assemble what it emits.
 
-    def next_formed(self) -> Batch[Any] | None:
-        """Feed completions to the batcher until it emits; then the epoch's tail."""
-        batcher, stream = self.batcher, self.stream
-        assert stream is not None, "running() starts the pipeline first"
-        while not self.stream_done:
-            self.drain_failures()
-            batch = batcher.pop()
-            if batch is not None:
-                return batch
-            task = next(stream, None)
-            if task is None:
-                self.stream_done = True
+        Draining the pipeline here, not in the training loop's thread, lets the read and
+        decode stages run ahead by the whole in-flight window while the training step
+        runs (a sink drained only between steps holds them to its own capacity), and
+        keeps batch assembly (straggler mode: a copy of every sample) off the training
+        loop's time. Formed batches stay in the window until the training loop takes
+        them, so the window still bounds memory, and the batcher always has `window`
+        minus the formed batches to work with.
+        """
+        batcher = self.batcher
+        try:
+            for task in stream:
                 self.drain_failures()
-                self.tail.extend(batcher.pop_final())
-            else:
                 batcher.push(task.position, task.out)
-        return self.tail.popleft() if self.tail else None
+                while (batch := batcher.pop()) is not None:
+                    self.formed.put(self.assemble(batch))
+            if self.stopping.is_set():
+                return  # closed early: the pipeline ended without its tail
+            self.drain_failures()
+            for batch in batcher.pop_final():
+                self.formed.put(self.assemble(batch))
+            self.formed.put(None)
+        except BaseException as exc:  # crosses to the training loop, traceback intact
+            self.formed.put(exc)
 
-    def assemble(self, batch: Batch[Any]) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]]:
+    # -- consuming (the training loop's thread) -----------------------------------------
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
+        while True:
+            try:
+                item = self.formed.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if self.former is None or not self.former.is_alive():
+                    if not self.formed.empty():
+                        continue
+                    raise RuntimeError("the batcher thread ended without a result") from None
+        if item is None:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        images, labels, positions = item
+        self.release(len(positions))
+        device = self.loader.device
+        if device.type != "cpu":
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+        elif self.pool is not None:
+            images = self.pool.hand_out(images)
+        return images, labels, positions
+
+    def assemble(self, batch: Batch[Any]) -> Formed:
+        """The batch's images as one tensor (in the batcher thread), with its labels."""
         import torch
 
         positions = batch.positions
-        self.release(len(positions))
         labels = torch.from_numpy(self.labels[self.indices[list(positions)]])
         # Copies go through numpy: torch's intra-op thread pool would spin on the cores
         # the decode threads are using (measured: 8-40x slower under load).
@@ -368,12 +403,6 @@ class CpuEpoch(EpochBase):
                 compact = self.new_batch(len(keep))
                 np.take(as_numpy(images), keep, axis=0, out=as_numpy(compact))
                 images = compact
-        device = self.loader.device
-        if device.type != "cpu":
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-        elif self.pool is not None:
-            images = self.pool.hand_out(images)
         return images, labels, positions
 
     # -- failures and shutdown -------------------------------------------------------------
@@ -385,6 +414,13 @@ class CpuEpoch(EpochBase):
 
     def shutdown(self) -> None:
         self.pipeline.close()
+        if self.former is not None:
+            # The pipeline is closed, so its stream ends and the thread returns at once.
+            self.former.join()
+
+
+Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
+"""A batch ready for the training loop: images, labels, epoch positions."""
 
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
