@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
     parser.add_argument("--quick", action="store_true", help="200 images, 1 epoch")
+    parser.add_argument(
+        "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which to run"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--step-s", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
-    for scenario in SCENARIOS:
+    for scenario in args.scenarios:
         print(f"[calibrate] {scenario}: loader alone ...", file=sys.stderr, flush=True)
         cal = calibrate(data, 1, scenario)
         need = cal["img_per_s"] / HEADROOM  # the consumer needs 10% less than the loader gives
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["epoch_vs_ideal"] = result["epoch_s"] / ideal
             rows.append(row)
     checks = {}
-    for scenario in SCENARIOS:
+    for scenario in args.scenarios:
         by = {r["system"]: r for r in rows if r["scenario"] == scenario}
         if all("stall_fraction" in by[m] for m in ("ordered", "straggler")):
             ordered, straggler = by["ordered"]["stall_fraction"], by["straggler"]["stall_fraction"]
