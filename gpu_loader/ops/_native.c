@@ -268,33 +268,52 @@ static int resizer_init(Resizer *r, int height, int width, int channels, const d
     return 0;
 }
 
-/* The horizontal pass of a finished accumulator row into output row `i`. */
-static void finish_row(Resizer *r, int i) {
-    const float *acc = r->acc + (size_t)(i % r->ring) * (size_t)r->row_pitch;
-    const int C = r->channels, out_w = r->out_w, taps = r->ax.max_taps;
-    const int planes = C == 1 ? 1 : 3;
+/* The horizontal pass for 3 or 4 channels (a compile-time constant in each caller), one
+   4-lane multiply-add per tap: lanes 0-2 are R, G, B; lane 3 reads the next pixel's first
+   channel (or the row's padding) and is discarded. */
+static inline void horizontal_rgb(const Resizer *r, const float *acc, int C) {
+    const int out_w = r->out_w, taps = r->ax.max_taps;
+    float *v0 = r->values, *v1 = r->values + out_w, *v2 = r->values + 2 * out_w;
     for (int j = 0; j < out_w; ++j) {
         const float *w = r->ax.w + (size_t)j * (size_t)taps;
         const float *p = acc + (size_t)(r->ax.lo[j] - r->x0) * (size_t)C;
         const int n = r->ax.count[j];
-        if (C == 1) {
-            float s = 0.0f;
-            for (int k = 0; k < n; ++k) s += w[k] * p[k];
-            r->values[j] = s;
-        } else {
-            /* One 4-lane multiply-add per tap: lanes 0-2 are R, G, B; lane 3 reads the next
-               pixel's first channel (or the row's padding) and is discarded. */
-            v4f s = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k = 0; k < n; ++k, p += C) {
-                v4f px;
-                memcpy(&px, p, sizeof(px));
-                s += w[k] * px;
-            }
-            r->values[j] = s[0];
-            r->values[out_w + j] = s[1];
-            r->values[2 * out_w + j] = s[2];
+        v4f s = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma GCC unroll 4
+        for (int k = 0; k < n; ++k) {
+            v4f px;
+            memcpy(&px, p + k * C, sizeof(px));
+            s += w[k] * px;
         }
+        v0[j] = s[0];
+        v1[j] = s[1];
+        v2[j] = s[2];
     }
+}
+
+static void horizontal_grey(const Resizer *r, const float *acc) {
+    const int taps = r->ax.max_taps;
+    for (int j = 0; j < r->out_w; ++j) {
+        const float *w = r->ax.w + (size_t)j * (size_t)taps;
+        const float *p = acc + (r->ax.lo[j] - r->x0);
+        float s = 0.0f;
+        for (int k = 0; k < r->ax.count[j]; ++k) s += w[k] * p[k];
+        r->values[j] = s;
+    }
+}
+
+/* The horizontal pass of a finished accumulator row into output row `i`. */
+static void finish_row(Resizer *r, int i) {
+    const float *acc = r->acc + (size_t)(i % r->ring) * (size_t)r->row_pitch;
+    const int out_w = r->out_w;
+    if (r->channels == 3) {
+        horizontal_rgb(r, acc, 3);
+    } else if (r->channels == 4) {
+        horizontal_rgb(r, acc, 4);
+    } else {
+        horizontal_grey(r, acc);
+    }
+    const int planes = r->channels == 1 ? 1 : 3;
     const size_t plane = (size_t)r->out_h * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
     const size_t row = (size_t)i * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
     for (int c = 0; c < 3; ++c) {

@@ -8,7 +8,10 @@ generator: different keys give independent streams, so packing the triple into t
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 _SEED_BITS, _EPOCH_BITS, _INDEX_BITS = 64, 24, 40
 
@@ -19,8 +22,30 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     _check("epoch", epoch, _EPOCH_BITS)
     _check("index", index, _INDEX_BITS)
     # int(): numpy integers would overflow in the shifts below.
-    key = int(seed) | (((int(epoch) << _INDEX_BITS) | int(index)) << _SEED_BITS)
-    return np.random.Generator(np.random.Philox(key=key))
+    high = (int(epoch) << _INDEX_BITS) | int(index)
+    # The same state as Philox(key=seed | high << 64), without the OS entropy that
+    # Philox(key=...) gathers (and then discards) for a seed: ~5 us instead of ~14 per sample.
+    # (numpy's stubs say SeedSequence; the runtime accepts any ISeedSequence, as documented.)
+    return np.random.Generator(np.random.Philox(_KeyWords(int(seed), high)))  # type: ignore[arg-type]
+
+
+class _KeyWords(ISeedSequence):
+    """Hands Philox its 128-bit key as the two 64-bit words it asks its seed sequence for.
+
+    Philox built from a seed sequence takes ``generate_state(2, uint64)`` as its key and
+    starts its counter at zero, exactly as ``Philox(key=...)`` does (a test compares the
+    streams).
+    """
+
+    __slots__ = ("words",)
+
+    def __init__(self, low: int, high: int) -> None:
+        self.words = (low, high)
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        if n_words != 2 or np.dtype(dtype) != np.uint64:
+            raise RuntimeError(f"Philox asked for {n_words} words of {dtype}; expected 2 x uint64")
+        return np.array(self.words, np.uint64)
 
 
 def _check(name: str, value: int, bits: int) -> None:

@@ -66,3 +66,16 @@ def test_it_is_cheap() -> None:
     per_call = (time.perf_counter() - start) / n
     # About 7 µs on the 2-core development machine; a loose bound for a loaded CI box.
     assert per_call < 100e-6, f"sample_rng took {per_call * 1e6:.1f} µs per call"
+
+
+@pytest.mark.parametrize(
+    ("seed", "epoch", "index"),
+    [(0, 0, 0), (7, 2, 1234), (2**64 - 1, 2**24 - 1, 2**40 - 1), (1, 0, 2**40 - 1)],
+)
+def test_same_stream_as_philox_keyed_directly(seed: int, epoch: int, index: int) -> None:
+    # sample_rng skips Philox(key=...)'s entropy gathering; the state must be identical.
+    key = seed | (((epoch << 40) | index) << 64)
+    direct = np.random.Generator(np.random.Philox(key=key))
+    ours = sample_rng(seed, epoch, index)
+    assert np.array_equal(ours.bit_generator.random_raw(64), direct.bit_generator.random_raw(64))
+    assert np.array_equal(ours.integers(0, 10**9, 32), direct.integers(0, 10**9, 32))
