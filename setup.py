@@ -14,8 +14,17 @@ setup(
             "gpu_loader.ops._native",
             sources=["gpu_loader/ops/_native.c"],
             libraries=["jpeg"],
-            # -O3 vectorises the row loops; no -ffast-math: the rounding must stay IEEE.
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            # -O3 vectorises the row loops; -fno-trapping-math lets it turn the casts'
+            # selects into vector blends (no result changes); no -ffast-math: rounding
+            # must stay IEEE.
+            extra_compile_args=[
+                "-O3",
+                "-fno-trapping-math",
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+            ],
             optional=True,
         )
     ]

@@ -11,8 +11,10 @@ Pillow resize, OpenCV normalise), always available. ``$GPU_LOADER_CPU_BACKEND`` 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Literal
 
@@ -47,6 +49,25 @@ def native_module() -> ModuleType | None:
             raise ImportError(f"${ENV_VAR}=native, but {_BUILD_HINT}") from None
         return None
     return _native
+
+
+@contextlib.contextmanager
+def forced(backend: CpuBackend) -> Iterator[None]:
+    """Run the block on ``backend`` (benchmarks and tests); the previous choice comes back."""
+    if backend not in ("native", "pillow"):
+        raise ValueError(f"`backend` must be 'native' or 'pillow', got {backend!r}")
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = backend
+    native_module.cache_clear()
+    try:
+        native_module()  # raises here, with the build hint, if native is asked for and missing
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+        native_module.cache_clear()
 
 
 def build_hint() -> str:

@@ -1,7 +1,8 @@
 """Per-stage CPU time of the per-sample path: ``python -m gpu_loader.ops._bench [N]``.
 
-Generates ~500x400 photo-like JPEGs and times each stage of `load_into` separately on one
-thread (CPU seconds, so other load on the machine inflates the numbers less than wall time).
+Generates ~450x450 photo-like JPEGs and times each stage of `load_into` separately on one
+thread (CPU seconds, so other load on the machine inflates the numbers less than wall time),
+on both CPU backends when the native one is built.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpu_loader.datasets import make_image_folder
+from gpu_loader.ops._backend import CpuBackend, cpu_backend, forced
 from gpu_loader.ops._decode import DEFAULT_MAX_PIXELS, DecodedImage, decode_at, probe_size
 from gpu_loader.ops._load import dct_factor_for, load_into
 from gpu_loader.ops._transform import resize_box, transform_into
@@ -57,25 +59,32 @@ def stage_times(datas: list[bytes], transform: TrainTransform | EvalTransform) -
     result = {
         "probe_size": _per_item_ms(lambda i: probe_size(datas[i]), n),
         "make_params": _per_item_ms(lambda i: transform.make_params(*sizes[i], rng), n),
-        "decode": _per_item_ms(
+        "decode (simplejpeg, whole image)": _per_item_ms(
             lambda i: decode_at(datas[i], key="", max_pixels=DEFAULT_MAX_PIXELS, factor=factors[i]),
             n,
         ),
     }
-    result["resize"] = _per_item_ms(lambda i: resize_box(images[i], scaled[i], out_size), n)
-    for dtype, np_dtype in _OUT.items():
-        out = np.empty((3, *out_size), np_dtype)
-        result[f"transform_into[{dtype}]"] = _per_item_ms(
-            lambda i, o=out, d=dtype: transform_into(  # type: ignore[misc]
-                images[i], scaled[i], o, mean=transform.mean, std=transform.std, dtype=d
-            ),
-            n,
-        )
-    out = np.empty((3, *out_size), np.float32)
-    result["load_into[float32]"] = _per_item_ms(
-        lambda i: load_into(datas[i], transform, np.random.default_rng(i), out, dtype="float32"),
-        n,
+    result["resize (Pillow, box)"] = _per_item_ms(
+        lambda i: resize_box(images[i], scaled[i], out_size), n
     )
+    backends: list[CpuBackend] = ["native", "pillow"] if cpu_backend() == "native" else ["pillow"]
+    for backend in backends:
+        with forced(backend):
+            for dtype, np_dtype in _OUT.items():
+                out = np.empty((3, *out_size), np_dtype)
+                result[f"transform_into[{dtype}] {backend}"] = _per_item_ms(
+                    lambda i, o=out, d=dtype: transform_into(  # type: ignore[misc]
+                        images[i], scaled[i], o, mean=transform.mean, std=transform.std, dtype=d
+                    ),
+                    n,
+                )
+            out = np.empty((3, *out_size), np.float32)
+            result[f"load_into[float32] {backend}"] = _per_item_ms(
+                lambda i, o=out: load_into(  # type: ignore[misc]
+                    datas[i], transform, np.random.default_rng(i), o, dtype="float32"
+                ),
+                n,
+            )
     return result
 
 
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     for transform in (TrainTransform(224), EvalTransform(224)):
         print(f"\n{type(transform).__name__}(224)")
         for name, ms in stage_times(datas, transform).items():
-            print(f"  {name:24s} {ms:6.3f}")
+            print(f"  {name:34s} {ms:6.3f}")
 
 
 if __name__ == "__main__":

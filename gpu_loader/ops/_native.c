@@ -107,29 +107,27 @@ static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size) {
 
 /* ------------------------------------------------------------------------ output stores */
 
-/* float32 -> float16 bits, round to nearest even (numpy's astype(float16)). */
+/* float32 -> float16 bits, round to nearest even (numpy's astype(float16)). Branch-free
+   (every case computed, one selected), so the store loops vectorise. */
 static inline uint16_t f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     const uint32_t sign = (x >> 16) & 0x8000u;
     x &= 0x7fffffffu;
-    uint32_t h;
-    if (x >= 0x47800000u) { /* >= 65536, inf or nan */
-        h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    } else if (x < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
-        /* Adding 0.5 lines the half's subnormal bits up with the float mantissa's low bits,
-           and the float addition rounds them to nearest even. */
-        float a;
-        memcpy(&a, &x, 4);
-        a += 0.5f;
-        uint32_t b;
-        memcpy(&b, &a, 4);
-        h = b - 0x3f000000u;
-    } else {
-        const uint32_t odd = (x >> 13) & 1u;
-        x += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
-        h = x >> 13; /* a carry into the exponent rounds up to the next binade, or to inf */
-    }
+    /* Normal halves: rebias the exponent (-112 << 23), round the 13 dropped bits to nearest
+       even; a carry into the exponent rounds up to the next binade, or to inf. */
+    const uint32_t normal = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;
+    /* Below the smallest normal half: adding 0.5 lines the half's subnormal bits up with the
+       float mantissa's low bits, and the float addition rounds them to nearest even. */
+    float a;
+    memcpy(&a, &x, 4);
+    a += 0.5f;
+    uint32_t sub;
+    memcpy(&sub, &a, 4);
+    sub -= 0x3f000000u;
+    const uint32_t special = x > 0x7f800000u ? 0x7e00u : 0x7c00u; /* nan : inf or overflow */
+    uint32_t h = x < 0x38800000u ? sub : normal;
+    h = x >= 0x47800000u ? special : h;
     return (uint16_t)(h | sign);
 }
 
@@ -141,41 +139,89 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-/* Writes one output row of one plane from `values` (out_w floats, resized order). */
+static inline uint8_t to_u8(float v) {
+    /* 1.5 * 2^23 + v has no fraction bits left: the addition rounds v to nearest even (IEEE
+       default rounding; -ffast-math would break this, so it is not used). Resized values
+       lie in [0, 255] up to float round-off; the clamp is in integers so the loop
+       vectorises. */
+    const int q = (int)((v + 12582912.0f) - 12582912.0f);
+    return (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+}
+
+/* One loop per direction, so each vectorises (a select in the index would not). */
+#define GL_STORE_LOOPS(T, EXPR)                                                       \
+    do {                                                                              \
+        T *d = plane_row;                                                             \
+        if (flip) {                                                                   \
+            for (int j = 0; j < out_w; ++j) {                                         \
+                const float x = values[j];                                            \
+                d[out_w - 1 - j] = (EXPR);                                            \
+            }                                                                         \
+        } else {                                                                      \
+            for (int j = 0; j < out_w; ++j) {                                         \
+                const float x = values[j];                                            \
+                d[j] = (EXPR);                                                        \
+            }                                                                         \
+        }                                                                             \
+    } while (0)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GL_HAVE_F16C_PATH 1
+/* float16 stores with the F16C instruction (round to nearest even, as f32_to_f16): 8 values
+   per instruction instead of ~20 integer operations each. Used when the CPU has it. */
+__attribute__((target("avx,f16c"))) static void store_f16_f16c(uint16_t *d, const float *values,
+                                                              int out_w, int flip, float scale,
+                                                              float shift) {
+    const __m256 vs = _mm256_set1_ps(scale), vh = _mm256_set1_ps(shift);
+    const __m128i reverse = _mm_setr_epi8(14, 15, 12, 13, 10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+    int j = 0;
+    for (; j + 8 <= out_w; j += 8) {
+        const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(values + j), vs), vh);
+        __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+        if (flip) {
+            h = _mm_shuffle_epi8(h, reverse);
+            _mm_storeu_si128((__m128i *)(d + out_w - 8 - j), h);
+        } else {
+            _mm_storeu_si128((__m128i *)(d + j), h);
+        }
+    }
+    for (; j < out_w; ++j) d[flip ? out_w - 1 - j : j] = f32_to_f16(values[j] * scale + shift);
+}
+
+static int has_f16c(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    }
+    return cached;
+}
+#endif
+
+/* Writes one output row of one plane from `values` (out_w floats, resized order). uint8
+   skips normalisation (round half to even, clamped), as the CUDA kernel does. */
 static void store_row(void *plane_row, const float *values, int out_w, int flip, int dtype,
                       float scale, float shift) {
     switch (dtype) {
-    case OUT_F32: {
-        float *d = plane_row;
-        if (flip) {
-            for (int j = 0; j < out_w; ++j) d[out_w - 1 - j] = values[j] * scale + shift;
-        } else {
-            for (int j = 0; j < out_w; ++j) d[j] = values[j] * scale + shift;
-        }
+    case OUT_F32:
+        GL_STORE_LOOPS(float, x * scale + shift);
         break;
-    }
-    case OUT_F16: {
-        uint16_t *d = plane_row;
-        for (int j = 0; j < out_w; ++j) {
-            d[flip ? out_w - 1 - j : j] = f32_to_f16(values[j] * scale + shift);
+    case OUT_F16:
+#ifdef GL_HAVE_F16C_PATH
+        if (has_f16c()) {
+            store_f16_f16c(plane_row, values, out_w, flip, scale, shift);
+            break;
         }
+#endif
+        GL_STORE_LOOPS(uint16_t, f32_to_f16(x * scale + shift));
         break;
-    }
-    case OUT_BF16: {
-        uint16_t *d = plane_row;
-        for (int j = 0; j < out_w; ++j) {
-            d[flip ? out_w - 1 - j : j] = f32_to_bf16(values[j] * scale + shift);
-        }
+    case OUT_BF16:
+        GL_STORE_LOOPS(uint16_t, f32_to_bf16(x * scale + shift));
         break;
-    }
-    default: { /* uint8: no normalisation, round half to even, clamp */
-        uint8_t *d = plane_row;
-        for (int j = 0; j < out_w; ++j) {
-            long q = lrintf(values[j]);
-            d[flip ? out_w - 1 - j : j] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
-        }
+    default:
+        GL_STORE_LOOPS(uint8_t, to_u8(x));
         break;
-    }
     }
 }
 

@@ -259,3 +259,14 @@ def test_cmyk_and_rotated_jpegs_take_the_general_path() -> None:
     out = np.empty((3, 32, 32), np.float32)
     assert load_into(cmyk, t, np.random.default_rng(0), out, dtype="float32") == (120, 90)
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("out_w", [8, 13, 224])
+def test_float16_store_is_the_rounded_float32_with_flip_and_tails(flip: bool, out_w: int) -> None:
+    # The store may use F16C (8 lanes, shuffled when flipped) with a scalar tail.
+    image = photo(90, 120, seed=6)
+    box = (3.5, 7.25, 80.0, 100.0)
+    f32 = native_full(image, box, (11, out_w), flip, "float32")
+    f16 = native_full(image, box, (11, out_w), flip, "float16")
+    assert np.array_equal(f16.view(np.uint16), f32.astype(np.float16).view(np.uint16))
