@@ -37,9 +37,9 @@ SYSTEMS: dict[str, str] = {
     "gpu_loader": "gpu_loader ImageLoader(device='cpu'), auto threads",
     "dataloader_pillow_w2": "torch DataLoader, Pillow decode+resize, 2 workers",
     "dataloader_pillow_w4": "torch DataLoader, Pillow decode+resize, 4 workers",
-    "dataloader_fast_w2": "torch DataLoader, gpu_loader's simplejpeg+resize per sample, 2 workers",
+    "dataloader_fast_w2": "torch DataLoader running gpu_loader's per-sample path (ops.load_into), 2 workers",
     "spdl_io": "SPDL 0.8 pipeline, spdl.io (FFmpeg) decode+crop+scale, 2 threads",
-    "spdl_simplejpeg": "SPDL 0.8 pipeline, gpu_loader's simplejpeg+resize per image, 2 threads",
+    "spdl_fast": "SPDL 0.8 pipeline running gpu_loader's per-sample path (ops.load_into), 2 threads",
     "dali_cpu": "DALI CPU pipeline (device_id=None), 2 threads",
 }
 
@@ -100,7 +100,7 @@ class PillowSample:
 
 
 class FastSample:
-    """gpu_loader's own per-sample CPU path (simplejpeg + fused resize), one sample at a time."""
+    """gpu_loader's own per-sample CPU path (ops.load_into: the native backend when built)."""
 
     def __init__(self, files: list[str], labels: list[int], kind: str) -> None:
         self.files, self.labels, self.transform = files, labels, make_transform(kind)
@@ -287,7 +287,7 @@ RUNNERS: dict[str, Callable[[Path, str], Iterable[Any]]] = {
     "dataloader_pillow_w4": iter_dataloader(PillowSample, 4),
     "dataloader_fast_w2": iter_dataloader(FastSample, 2),
     "spdl_io": iter_spdl(spdl_io_sample),
-    "spdl_simplejpeg": iter_spdl(spdl_fast_sample),
+    "spdl_fast": iter_spdl(spdl_fast_sample),
     "dali_cpu": iter_dali,
 }
 
@@ -326,7 +326,7 @@ def available(system: str) -> str | None:
     """None when `system` can run here, else why not."""
     import importlib.util
 
-    need = {"spdl_io": "spdl", "spdl_simplejpeg": "spdl", "dali_cpu": "nvidia.dali"}.get(system)
+    need = {"spdl_io": "spdl", "spdl_fast": "spdl", "dali_cpu": "nvidia.dali"}.get(system)
     if need is None:
         return None
     try:
