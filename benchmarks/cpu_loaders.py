@@ -6,7 +6,7 @@ Every system decodes the same generated JPEG folder, applies the same transform
 system runs in its own process; the parent samples its process tree's PSS. Throughput and
 CPU time are measured after a short warm-up (worker start-up is excluded for everyone).
 
-    python benchmarks/cpu_loaders.py                 # 2000 images, train and eval
+    python benchmarks/cpu_loaders.py                 # 2000 images, train and eval, 3 rounds
     python benchmarks/cpu_loaders.py --quick         # a smoke run (200 images)
 
 Results: ``benchmarks/results/cpu_loaders.json`` and a markdown table on stdout.
@@ -354,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of systems")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds; each runs every system once (round-robin), medians are reported",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 200 images, train only, gpu_loader vs the two DataLoader variants",
@@ -369,36 +375,57 @@ def main(argv: list[str] | None = None) -> int:
     num = 200 if args.quick else args.num_images
     kinds = ["train"] if args.quick else args.transforms.split(",")
     systems = QUICK_SYSTEMS if args.quick else args.systems.split(",")
+    repeats = 1 if args.quick else args.repeats
     data = ensure_dataset(args.data, num)
-    rows: list[dict[str, Any]] = []
-    for kind in kinds:
-        for system in systems:
-            why = available(system)
-            if why is not None:
-                print(f"[skip] {system}: {why}", file=sys.stderr)
-                continue
-            print(f"[run] {kind:5s} {system} ...", file=sys.stderr, flush=True)
-            result, pss = run_worker(
-                [
-                    "-m",
-                    "gpu_loader.benchmarks.cpu_loaders",
-                    "--worker",
-                    system,
-                    "--kind",
-                    kind,
-                    "--data",
-                    str(data),
-                ]
-            )
-            rows.append({"transform": kind, "system": system, "peak_pss_mb": pss, **result})
-    add_ratios(rows)
+    runnable = []
+    for system in systems:
+        why = available(system)
+        if why is None:
+            runnable.append(system)
+        else:
+            print(f"[skip] {system}: {why}", file=sys.stderr)
+    runs: list[dict[str, Any]] = []
+    # Round-robin: every system runs once per round, so a change in how much CPU the
+    # (shared) machine gives us hits all systems alike; ratios are taken within a round.
+    for round_no in range(repeats):
+        for kind in kinds:
+            for system in runnable:
+                print(
+                    f"[run {round_no + 1}/{repeats}] {kind:5s} {system} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                result, pss = run_worker(
+                    [
+                        "-m",
+                        "gpu_loader.benchmarks.cpu_loaders",
+                        "--worker",
+                        system,
+                        "--kind",
+                        kind,
+                        "--data",
+                        str(data),
+                    ]
+                )
+                runs.append(
+                    {
+                        "round": round_no,
+                        "transform": kind,
+                        "system": system,
+                        "peak_pss_mb": pss,
+                        **result,
+                    }
+                )
+    rows = summarize(runs)
     columns = [
         ("transform", "transform"),
         ("system", "system"),
         ("img_per_s", "img/s"),
         ("cpu_s_per_1000", "CPU-s/1000 img"),
+        ("cores", "cores used"),
         ("peak_pss_mb", "peak PSS MB"),
         ("speedup_vs_pillow_w2", "x DataLoader+Pillow(2)"),
+        ("cpu_vs_pillow_w2", "CPU/img vs DataLoader+Pillow(2)"),
         ("error", "error"),
     ]
     table = format_table(rows, columns)
@@ -407,26 +434,84 @@ def main(argv: list[str] | None = None) -> int:
         {
             "dataset": {"path": str(data), "images": num},
             "batch_size": BATCH,
+            "repeats": repeats,
             "systems": SYSTEMS,
             "rows": rows,
+            "runs": runs,
             "table": table,
         },
         args.out,
     )
     print(table)
+    for kind in kinds:
+        ours = next(
+            (r for r in rows if r["transform"] == kind and r["system"] == "gpu_loader"), None
+        )
+        if ours and ours.get("vs_best_other"):
+            print(
+                f"{kind}: gpu_loader img/s / best other system ({ours['best_other']}): "
+                f"{ours['vs_best_other']:.2f}x"
+            )
     print(f"\nwritten: {path}")
     return 0
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """img/s of each row over DataLoader+Pillow (2 workers) measured on the same transform."""
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (transform, system): medians over the rounds; ratios per round, then median.
+
+    ``speedup_vs_pillow_w2`` / ``cpu_vs_pillow_w2``: img/s and CPU-s per image over
+    DataLoader+Pillow (2 workers) in the same round. ``vs_best_other`` (gpu_loader rows):
+    its median img/s over the best median img/s of any other system.
+    """
+    import statistics
+
+    def med(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
     base = {
-        r["transform"]: r.get("img_per_s") for r in rows if r["system"] == "dataloader_pillow_w2"
+        (r["round"], r["transform"]): r
+        for r in runs
+        if r["system"] == "dataloader_pillow_w2" and "img_per_s" in r
     }
-    for row in rows:
-        ref = base.get(row["transform"])
-        if ref and row.get("img_per_s"):
-            row["speedup_vs_pillow_w2"] = row["img_per_s"] / ref
+    rows: list[dict[str, Any]] = []
+    keys = dict.fromkeys((r["transform"], r["system"]) for r in runs)
+    for kind, system in keys:
+        mine = [r for r in runs if (r["transform"], r["system"]) == (kind, system)]
+        ok = [r for r in mine if "img_per_s" in r]
+        row: dict[str, Any] = {"transform": kind, "system": system, "rounds": len(ok)}
+        if not ok:
+            row["error"] = mine[-1].get("error", "no result")
+            rows.append(row)
+            continue
+        row["img_per_s"] = med([r["img_per_s"] for r in ok])
+        row["cpu_s_per_1000"] = med([r["cpu_s_per_1000"] for r in ok])
+        row["cores"] = med([r["img_per_s"] * r["cpu_s_per_1000"] / 1000 for r in ok])
+        row["peak_pss_mb"] = max(r["peak_pss_mb"] for r in ok)
+        row["img_per_s_all"] = [round(r["img_per_s"], 1) for r in ok]
+        speed, cpu = [], []
+        for r in ok:
+            ref = base.get((r["round"], kind))
+            if ref:
+                speed.append(r["img_per_s"] / ref["img_per_s"])
+                cpu.append(r["cpu_s_per_1000"] / ref["cpu_s_per_1000"])
+        row["speedup_vs_pillow_w2"] = med(speed)
+        row["cpu_vs_pillow_w2"] = med(cpu)
+        row["batch_shape"] = ok[-1].get("batch_shape")
+        rows.append(row)
+    for kind in dict.fromkeys(k for k, _ in keys):
+        ours = next(
+            (r for r in rows if r["transform"] == kind and r["system"] == "gpu_loader"), None
+        )
+        others = [
+            r
+            for r in rows
+            if r["transform"] == kind and r["system"] != "gpu_loader" and r.get("img_per_s")
+        ]
+        if ours and ours.get("img_per_s") and others:
+            best = max(others, key=lambda r: r["img_per_s"])
+            ours["best_other"] = best["system"]
+            ours["vs_best_other"] = ours["img_per_s"] / best["img_per_s"]
+    return rows
 
 
 if __name__ == "__main__":
