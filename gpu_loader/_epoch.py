@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gpu_loader._straggler_rows import StragglerRows, as_numpy
 from gpu_loader.batching import AdaptiveThreshold, Batch, OrderedBatcher, StragglerBatcher
 from gpu_loader.batching._ledger import Ledger
 from gpu_loader.ops import load_into
@@ -135,9 +136,13 @@ class EpochBase:
             position = self.failed_positions.popleft()
             self.batcher.fail(position)
             self.received.failed(position)
+            self.forget(position)
             freed += 1
         if freed:
             self.release(freed)
+
+    def forget(self, position: int) -> None:
+        """A failed position's resources can go (the CPU path's straggler rows)."""
 
     def release(self, count: int) -> None:
         with self.cond:
@@ -231,9 +236,13 @@ class CpuEpoch(EpochBase):
         self.pool = None if self.pin or loader.device.type != "cpu" else loader._batch_pool()
         self.buffers: dict[int, torch.Tensor] = {}
         self.buffers_lock = threading.Lock()
-        # Straggler mode: per-sample outputs, recycled after they are copied into a batch
-        # (at most `window` exist). deque.append/pop are atomic, so no lock is needed.
-        self.spare: collections.deque[torch.Tensor] = collections.deque()
+        # Straggler mode: samples decode into their nominal batch's rows; a batch is built
+        # on one of those tensors, copying in only the samples that moved.
+        self.rows: StragglerRows | None = None
+        if loader.batching == "straggler":
+            self.rows = StragglerRows(
+                self.batcher.plan, self.new_batch, self.new_sample, self.recycle
+            )
         order: Literal["completion"] = "completion"
         self.pipeline = (
             PipelineBuilder()
@@ -274,8 +283,9 @@ class CpuEpoch(EpochBase):
 
     def decode(self, task: Task) -> Task:
         loader = self.loader
+        placed = self.rows.place(task.position) if self.rows is not None else None
         try:
-            out = self.slot(task.position)
+            out = placed.data if placed is not None else self.slot(task.position)
             load_into(
                 task.data or b"",
                 loader.transform,
@@ -286,11 +296,19 @@ class CpuEpoch(EpochBase):
                 max_pixels=loader.options.max_pixels,
             )
         except BaseException:
+            if placed is not None and self.rows is not None:
+                self.rows.finished(placed, ok=False)
             self.note_failure(task.position)
             raise
+        if placed is not None and self.rows is not None:
+            self.rows.finished(placed, ok=True)
         task.data = None
-        task.out = out if loader.batching == "straggler" else None
+        task.out = placed
         return task
+
+    def forget(self, position: int) -> None:
+        if self.rows is not None:
+            self.rows.failed(position)
 
     def new_batch(self, rows: int) -> torch.Tensor:
         import torch
@@ -300,15 +318,18 @@ class CpuEpoch(EpochBase):
         shape = (rows, 3, self.out_h, self.out_w)
         return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
 
-    def slot(self, position: int) -> torch.Tensor:
-        """Where this sample's output goes: its slot in its batch (ordered), or its own."""
+    def new_sample(self) -> torch.Tensor:
         import torch
 
-        if self.loader.batching == "straggler":
-            try:
-                return self.spare.pop()
-            except IndexError:
-                return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
+        return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
+
+    def recycle(self, images: torch.Tensor) -> None:
+        """A batch tensor that was never handed out goes back to the pool."""
+        if self.pool is not None:
+            self.pool.hand_out(images)  # the view is dropped at once: reclaimed on next take
+
+    def slot(self, position: int) -> torch.Tensor:
+        """Ordered mode: this sample's slot in its nominal batch's tensor."""
         plan = self.batcher.plan
         b = position // plan.batch_size
         with self.buffers_lock:
@@ -345,7 +366,10 @@ class CpuEpoch(EpochBase):
             for task in stream:
                 self.drain_failures()
                 batcher.push(task.position, task.out)
-                while (batch := batcher.pop()) is not None:
+                # Straggler mode moves samples only when the training loop has nothing
+                # queued: while it has, waiting for a straggler costs it nothing, and an
+                # unmoved batch is built without copies (see `_straggler_rows`).
+                while (batch := batcher.pop(moves=self.formed.empty())) is not None:
                     self.formed.put(self.assemble(batch))
             if self.stopping.is_set():
                 return  # closed early: the pipeline ended without its tail
@@ -358,15 +382,7 @@ class CpuEpoch(EpochBase):
 
     # -- consuming (the training loop's thread) -----------------------------------------
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
-        while True:
-            try:
-                item = self.formed.get(timeout=0.05)
-                break
-            except queue.Empty:
-                if self.former is None or not self.former.is_alive():
-                    if not self.formed.empty():
-                        continue
-                    raise RuntimeError("the batcher thread ended without a result") from None
+        item = self.take_formed()
         if item is None:
             return None
         if isinstance(item, BaseException):
@@ -381,18 +397,35 @@ class CpuEpoch(EpochBase):
             images = self.pool.hand_out(images)
         return images, labels, positions
 
+    def take_formed(self) -> Formed | BaseException | None:
+        """The next formed batch; forms one here if the batcher thread is waiting on the
+        pipeline while a batch could be emitted by moving stragglers (it decided to wait
+        when the queue was not yet empty, and no completion has woken it since)."""
+        formed = self.formed
+        while True:
+            try:
+                return formed.get_nowait()
+            except queue.Empty:
+                pass
+            if self.rows is not None and (batch := self.batcher.pop()) is not None:
+                return self.assemble(batch)
+            try:
+                return formed.get(timeout=0.005)
+            except queue.Empty:
+                if self.former is None or not self.former.is_alive():
+                    if not formed.empty():
+                        continue
+                    raise RuntimeError("the batcher thread ended without a result") from None
+
     def assemble(self, batch: Batch[Any]) -> Formed:
         """The batch's images as one tensor (in the batcher thread), with its labels."""
         import torch
 
-        positions = batch.positions
-        labels = torch.from_numpy(self.labels[self.indices[list(positions)]])
+        positions: Sequence[int] = batch.positions
         # Copies go through numpy: torch's intra-op thread pool would spin on the cores
         # the decode threads are using (measured: 8-40x slower under load).
-        if self.loader.batching == "straggler":
-            images = self.new_batch(len(positions))
-            np.stack([as_numpy(t) for t in batch.items], out=as_numpy(images))
-            self.spare.extend(batch.items)  # their pages are mapped already: reuse them
+        if self.rows is not None:
+            images, positions = self.rows.assemble(positions, batch.items)
         else:
             plan = self.batcher.plan
             b = positions[0] // plan.batch_size
@@ -403,6 +436,7 @@ class CpuEpoch(EpochBase):
                 compact = self.new_batch(len(keep))
                 np.take(as_numpy(images), keep, axis=0, out=as_numpy(compact))
                 images = compact
+        labels = torch.from_numpy(self.labels[self.indices[list(positions)]])
         return images, labels, positions
 
     # -- failures and shutdown -------------------------------------------------------------
@@ -421,15 +455,6 @@ class CpuEpoch(EpochBase):
 
 Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
 """A batch ready for the training loop: images, labels, epoch positions."""
-
-
-def as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor; bfloat16 (which numpy lacks) as its int16 bit patterns."""
-    import torch
-
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy()
-    return tensor.numpy()
 
 
 def as_failed(record: FailureRecord, epoch: int) -> FailedSample:

@@ -63,12 +63,20 @@ class BatcherBase(Generic[T]):
             self._on_completed(position, ok=False)
 
     # -- draining ------------------------------------------------------------------------
-    def pop(self) -> Batch[T] | None:
-        """The next batch if one can be emitted now, else None (never blocks)."""
+    def pop(self, *, moves: bool = True) -> Batch[T] | None:
+        """The next batch if one can be emitted now, else None (never blocks).
+
+        ``moves=False`` emits only a batch that moves no sample: one whose positions are
+        the next ones to deliver, with no incomplete position below them (ordered
+        batching's batch). A loader passes it while the training loop still has batches
+        queued, so samples move only when waiting for them would stall it. Ordered
+        batches never move samples, so the flag changes nothing there; a pop refused
+        because of it does not count as held back.
+        """
         with self._lock:
-            positions = self._select()
+            positions = self._select(moves)
             if positions is None:
-                if self._ready_count() >= self.plan.batch_size:
+                if moves and self._ready_count() >= self.plan.batch_size:
                     self._held_back += 1
                     if self._held_since is None:
                         self._held_since = self._clock()
@@ -158,8 +166,9 @@ class BatcherBase(Generic[T]):
     def _ready_count(self) -> int:
         return len(self._items)
 
-    def _select(self) -> list[int] | None:
-        """Positions of the next batch (removing them from the waiting set), or None."""
+    def _select(self, moves: bool) -> list[int] | None:
+        """Positions of the next batch (removing them from the waiting set), or None;
+        with ``moves=False``, None unless the batch would move no sample."""
         raise NotImplementedError
 
     def _emit(self, positions: list[int]) -> Batch[T]:

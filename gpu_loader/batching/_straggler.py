@@ -65,13 +65,15 @@ class StragglerBatcher(BatcherBase[T]):
         if ok:
             heapq.heappush(self._heap, position)
 
-    def _select(self) -> list[int] | None:
+    def _select(self, moves: bool) -> list[int] | None:
         heap, ledger, size = self._heap, self._ledger, self.plan.batch_size
         if not heap or (len(heap) < size and not ledger.done):
             return None
         low = ledger.low()
         if low < ledger.highwater and low // size + self._max_delay <= self._emitted:
             return None  # emitting now would push `low` past its bound: wait for it
+        if not moves and heapq.nsmallest(size, heap)[-1] > low:
+            return None  # the batch would skip the incomplete position `low`
         # Smallest positions first is earliest-deadline-first: while the bound above holds
         # for every incomplete position, it also holds for the ready ones left out.
         return [heapq.heappop(heap) for _ in range(min(size, len(heap)))]

@@ -259,3 +259,46 @@ def test_cost_reordered_starts_keep_the_bound_and_progress(
     check_exactly_once(run, kept)
     assert b.stats().overdue == 0
     assert all(x.max_delay <= s["delay"] for x in run.batches)
+
+
+def test_pop_without_moves_waits_for_the_head_of_line() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
+    for p in range(8):
+        b.started(p)
+    for p in (1, 2, 3, 4):
+        b.push(p, p)
+    # Four are ready, but the batch would skip position 0: only a pop that may move does.
+    assert b.pop(moves=False) is None
+    assert b.stats().held_back == 0  # a refusal the caller asked for, not the bound
+    b.push(0, 0)
+    batch = b.pop(moves=False)
+    assert batch is not None and batch.positions == (0, 1, 2, 3)
+    assert b.stats().moved == 0
+
+
+def test_pop_with_moves_takes_the_ready_samples_the_same_call_would_wait_for() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
+    for p in range(8):
+        b.started(p)
+    for p in (1, 2, 3, 4):
+        b.push(p, p)
+    assert b.pop(moves=False) is None
+    batch = b.pop()
+    assert batch is not None and batch.positions == (1, 2, 3, 4)
+    assert batch.delays == (0, 0, 0, -1)
+    for p in (0, 5, 6, 7):
+        b.push(p, p)
+    # Position 0 joins the next batch even without moves: nothing incomplete is skipped.
+    late = b.pop(moves=False)
+    assert late is not None and late.positions == (0, 5, 6, 7)
+    assert b.stats().moved == 1 and b.stats().max_delay == 1
+
+
+def test_ordered_batches_ignore_moves() -> None:
+    b: OrderedBatcher[int] = OrderedBatcher(2, 4)
+    for p in range(4):
+        b.push(p, p)
+    first = b.pop(moves=False)
+    assert first is not None and first.positions == (0, 1)
+    second = b.pop(moves=True)
+    assert second is not None and second.positions == (2, 3)

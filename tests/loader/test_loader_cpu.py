@@ -230,6 +230,41 @@ def test_images_match_the_per_sample_cpu_path(unique_list: FileList) -> None:
         assert np.array_equal(out, x[row].numpy())
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_straggler_rows_hold_the_sample_their_label_names(
+    unique_list: FileList, threads: int
+) -> None:
+    # Straggler batches are built on their nominal batch's tensor with moved samples
+    # copied in, so rows need not follow positions: every row must match its label.
+    from gpu_loader.ops import load_into
+    from gpu_loader.sources import sample_rng
+
+    transform = TrainTransform(SIZE)
+    options = gl.LoaderOptions(decode_threads=threads, io_threads=threads, max_delay_batches=1)
+    loader = make(
+        unique_list,
+        seed=4,
+        transform=transform,
+        batch_size=5,
+        batching="straggler",
+        options=options,
+    )
+    batches = run_epoch(loader)
+    assert sorted(labels_of(batches)) == list(range(len(unique_list)))
+    out = np.empty((3, SIZE, SIZE), np.float32)
+    for x, y in batches:
+        for row, label in enumerate(y.tolist()):
+            index = label  # unique_list: the label is the index
+            load_into(
+                unique_list.read(index),
+                transform,
+                sample_rng(4, 0, index),
+                out,
+                dtype="float32",
+            )
+            assert np.array_equal(out, x[row].numpy())
+
+
 def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileList) -> None:
     before = set(threading.enumerate())
     loader = make(unique_list, batch_size=16)

@@ -1,0 +1,232 @@
+"""Straggler mode on the CPU path: decode into batch rows, copy only what moved.
+
+A sample does not know which batch it will join until the batcher emits it, so the
+simple way is a private tensor per sample and a copy of every sample into its batch
+(measured: 2-8 ms per 32 x 224 x 224 float32 batch on the 2-core dev machine, plus page
+faults on the fresh per-sample tensors at each epoch's start). Instead each sample is
+decoded straight into its row of its *nominal* batch's tensor (a "slab"), as in ordered
+mode, and a batch the batcher emits is built on a slab that no decode still writes to:
+
+* the slab of the nominal batch holding most (at least half) of the batch's samples is
+  the *host* when no decode is writing into it and none of its finished rows is needed
+  by a later batch;
+  the batch's other samples (moved in from other slabs or private tensors) are copied
+  into the host's rows whose samples left earlier, failed or have not been decoded, and
+  the host is sealed: it goes to the training loop and nothing writes to it again;
+* a sample whose slab is sealed (it is late: its batch went without it) decodes into a
+  private, recycled tensor and is copied into the batch it joins;
+* when no slab can host (its straggler is still decoding into it), the batch is copied
+  into a fresh tensor, as before.
+
+So a batch that equals its nominal batch (the usual case while the loader is ahead)
+costs no copy, and a moved sample costs one row copy. Row order then follows the host,
+not the positions: `assemble` returns the positions in row order.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpu_loader.batching import BatchPlan
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(eq=False)
+class Slab:
+    """A nominal batch's tensor; its samples decode into their rows."""
+
+    index: int
+    """The nominal batch."""
+    tensor: torch.Tensor | None
+    """``[rows, 3, H, W]``; None once sealed."""
+    sealed: bool = False
+    """Handed to the training loop as (the base of) a batch: nothing writes to it again."""
+    writers: int = 0
+    """Decodes writing into a row now."""
+    held: set[int] = field(default_factory=set)
+    """Rows holding a finished sample not yet emitted."""
+
+
+@dataclass(eq=False)
+class Placed:
+    """Where one sample's output is: a row of a slab, or a private tensor.
+
+    No view of a slab is kept: `BatchPool` tells a batch tensor is free again by the use
+    count of its storage, which a lingering row view would skew.
+    """
+
+    slab: Slab | None
+    row: int
+    private: torch.Tensor | None = None
+
+    @property
+    def data(self) -> torch.Tensor:
+        """``[3, H, W]``: a fresh view of the row, or the private tensor."""
+        if self.slab is None:
+            assert self.private is not None
+            return self.private
+        assert self.slab.tensor is not None, "read only while the slab holds this row"
+        return self.slab.tensor[self.row]
+
+
+class StragglerRows:
+    """Slabs, private tensors and batch assembly for straggler mode (thread-safe)."""
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        new_batch: Callable[[int], torch.Tensor],
+        new_sample: Callable[[], torch.Tensor],
+        recycle: Callable[[torch.Tensor], None],
+    ) -> None:
+        self.plan = plan
+        self._new_batch = new_batch
+        self._new_sample = new_sample
+        self._recycle = recycle  # gives back a slab tensor that was never handed out
+        self._lock = threading.Lock()
+        self._slabs: dict[int, Slab] = {}
+        self._gone: collections.Counter[int] = collections.Counter()  # emitted or failed
+        # Private tensors of late samples, reused (deque append/pop are atomic).
+        self._spare: collections.deque[torch.Tensor] = collections.deque()
+        self.copied_rows = 0
+        """Rows copied into a batch (moved samples, or every row of a fallback batch)."""
+        self.hosted = 0
+        """Batches built on a slab."""
+
+    # -- worker threads ------------------------------------------------------------------
+    def place(self, position: int) -> Placed:
+        """Where to decode ``position``; call `finished` after, whatever happens."""
+        b = position // self.plan.batch_size
+        with self._lock:
+            slab = self._slabs.get(b)
+            if slab is None:
+                slab = Slab(b, self._new_batch(len(self.plan.batch_range(b))))
+                self._slabs[b] = slab
+            if not slab.sealed:
+                slab.writers += 1
+                return Placed(slab, position - b * self.plan.batch_size)
+        return Placed(None, -1, self._take_spare())  # its batch went without it: late
+
+    def finished(self, placed: Placed, *, ok: bool) -> None:
+        """The decode into ``placed`` is over (``ok``: it holds the sample)."""
+        slab = placed.slab
+        if slab is None:
+            if not ok and placed.private is not None:
+                self._spare.append(placed.private)
+            return
+        with self._lock:
+            slab.writers -= 1
+            if ok:
+                slab.held.add(placed.row)
+
+    # -- the batcher thread --------------------------------------------------------------
+    def failed(self, position: int) -> None:
+        """``position`` failed (read or decode): its row, if any, is free."""
+        with self._lock:
+            self._leave([position])
+
+    def assemble(
+        self, positions: Sequence[int], items: Sequence[Placed]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The batch as one tensor, and its positions in row order."""
+        with self._lock:
+            host = self._pick_host(items, len(positions))
+            tensor = None
+            if host is not None:
+                tensor, host.tensor, host.sealed = host.tensor, None, True
+                host.held.clear()
+        if host is None or tensor is None:
+            tensor = self._new_batch(len(positions))
+            np.stack([as_numpy(p.data) for p in items], out=as_numpy(tensor))
+            order = list(positions)
+            moved = items
+        else:
+            order, moved = self._fill_host(tensor, host, positions, items)
+        with self._lock:
+            for placed in moved:
+                if placed.slab is not None and placed.slab is not host:
+                    placed.slab.held.discard(placed.row)
+            self._leave(positions)
+        self.copied_rows += len(moved)
+        self.hosted += host is not None
+        for placed in moved:
+            if placed.private is not None:
+                self._spare.append(placed.private)
+        return tensor, order
+
+    # -- internals -----------------------------------------------------------------------
+    def _pick_host(self, items: Sequence[Placed], size: int) -> Slab | None:
+        """The slab with most of the batch's rows that can be sealed now, or None."""
+        rows: dict[int, tuple[Slab, set[int]]] = {}
+        for placed in items:
+            if placed.slab is not None:
+                entry = rows.setdefault(id(placed.slab), (placed.slab, set()))
+                entry[1].add(placed.row)
+        for slab, mine in sorted(rows.values(), key=lambda e: -len(e[1])):
+            if (
+                not slab.sealed
+                and slab.tensor is not None
+                and slab.writers == 0
+                and slab.held <= mine  # no finished row of a later batch is overwritten
+                and slab.tensor.shape[0] == size
+                # A host holding few of the batch's rows would cost a copy of most of
+                # them now and send most of its own batch to private tensors later.
+                and 2 * len(mine) >= size
+            ):
+                return slab
+        return None
+
+    def _fill_host(
+        self, tensor: torch.Tensor, host: Slab, positions: Sequence[int], items: Sequence[Placed]
+    ) -> tuple[list[int], list[Placed]]:
+        """Copy the batch's samples from elsewhere into the host's free rows."""
+        order: list[int | None] = [None] * tensor.shape[0]
+        moved: list[Placed] = []
+        outsiders: list[tuple[int, Placed]] = []
+        for position, placed in zip(positions, items, strict=True):
+            if placed.slab is host:
+                order[placed.row] = position
+            else:
+                outsiders.append((position, placed))
+        free = (r for r, p in enumerate(order) if p is None)
+        out = as_numpy(tensor)
+        for (position, placed), row in zip(outsiders, free, strict=False):
+            np.copyto(out[row], as_numpy(placed.data))
+            order[row] = position
+            moved.append(placed)
+        return [p for p in order if p is not None], moved
+
+    def _leave(self, positions: Sequence[int]) -> None:
+        """Count positions that are done; drop a slab once all of its batch is (locked)."""
+        size = self.plan.batch_size
+        for position in positions:
+            b = position // size
+            self._gone[b] += 1
+            if self._gone[b] == len(self.plan.batch_range(b)):
+                del self._gone[b]
+                slab = self._slabs.pop(b, None)
+                if slab is not None and slab.tensor is not None:
+                    self._recycle(slab.tensor)
+
+    def _take_spare(self) -> torch.Tensor:
+        try:
+            return self._spare.pop()
+        except IndexError:
+            return self._new_sample()
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor; bfloat16 (which numpy lacks) as its int16 bit patterns."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy()
+    return tensor.numpy()

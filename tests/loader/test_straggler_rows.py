@@ -1,0 +1,127 @@
+"""Straggler mode's batch rows: decode into the nominal batch, copy only what moved."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from gpu_loader._straggler_rows import Placed, StragglerRows
+from gpu_loader.batching import BatchPlan
+
+B = 4
+
+
+class Rows:
+    """A StragglerRows over tiny tensors, with the allocations it made counted."""
+
+    def __init__(self, n: int) -> None:
+        self.batches = 0
+        self.samples = 0
+        self.recycled: list[torch.Tensor] = []
+        self.rows = StragglerRows(
+            BatchPlan(n, B), self.new_batch, self.new_sample, self.recycled.append
+        )
+
+    def new_batch(self, rows: int) -> torch.Tensor:
+        self.batches += 1
+        return torch.full((rows, 1, 2, 2), -1.0)
+
+    def new_sample(self) -> torch.Tensor:
+        self.samples += 1
+        return torch.full((1, 2, 2), -1.0)
+
+    def decode(self, position: int, *, ok: bool = True) -> Placed:
+        placed = self.rows.place(position)
+        placed.data.fill_(float(position))  # what load_into would write
+        self.rows.finished(placed, ok=ok)
+        return placed
+
+
+def rows_hold(images: torch.Tensor, order: list[int]) -> bool:
+    return all(np.all(images[i].numpy() == p) for i, p in enumerate(order))
+
+
+def test_an_unmoved_batch_is_its_nominal_tensor_without_copies() -> None:
+    r = Rows(8)
+    placed = [r.decode(p) for p in range(4)]
+    slab = placed[0].data.data_ptr()
+    images, order = r.rows.assemble([0, 1, 2, 3], placed)
+    assert order == [0, 1, 2, 3] and rows_hold(images, order)
+    assert images.data_ptr() == slab  # the nominal batch's tensor itself
+    assert (r.rows.hosted, r.rows.copied_rows, r.batches) == (1, 0, 1)
+
+
+def test_a_straggler_still_decoding_is_not_overwritten() -> None:
+    r = Rows(12)
+    straggler = r.rows.place(1)  # decoding into row 1 of batch 0's tensor
+    first = [r.decode(p) for p in (0, 2, 3, 4)]
+    images, order = r.rows.assemble([0, 2, 3, 4], first)
+    # No tensor can host (batch 0's has a writer, batch 1's holds one row): a copy.
+    assert r.rows.hosted == 0 and order == [0, 2, 3, 4] and rows_hold(images, order)
+    straggler.data.fill_(1.0)
+    r.rows.finished(straggler, ok=True)
+    assert rows_hold(images, order)  # the batch handed out is untouched
+    second = [straggler] + [r.decode(p) for p in (5, 6, 7)]
+    slab = second[1].data.data_ptr() - 1 * 4 * 4  # row 1 of batch 1's tensor
+    images2, order2 = r.rows.assemble([1, 5, 6, 7], second)
+    # Batch 1's tensor hosts: the straggler is copied into the row position 4 left.
+    assert r.rows.hosted == 1 and sorted(order2) == [1, 5, 6, 7]
+    assert order2[0] == 1 and rows_hold(images2, order2)
+    assert images2.data_ptr() == slab
+
+
+def test_a_sample_whose_batch_went_without_it_decodes_privately() -> None:
+    r = Rows(8)
+    first = [r.decode(p) for p in (0, 1, 2, 4)]  # position 3 has not started (slow read)
+    images, order = r.rows.assemble([0, 1, 2, 4], first)
+    assert r.rows.hosted == 1 and sorted(order) == [0, 1, 2, 4] and rows_hold(images, order)
+    late = r.decode(3)
+    assert late.slab is None and r.samples == 1  # batch 0's tensor is sealed
+    second = [late] + [r.decode(p) for p in (5, 6, 7)]
+    images2, order2 = r.rows.assemble([3, 5, 6, 7], second)
+    assert rows_hold(images2, order2) and sorted(order2) == [3, 5, 6, 7]
+    assert not np.shares_memory(images.numpy(), images2.numpy())
+    assert rows_hold(images, order)  # the first batch still holds what it was given
+
+
+def test_failed_rows_are_free_and_unused_tensors_are_recycled() -> None:
+    r = Rows(8)
+    r.decode(1, ok=False)
+    r.rows.failed(1)
+    first = [r.decode(p) for p in (0, 2, 3, 4)]
+    images, order = r.rows.assemble([0, 2, 3, 4], first)
+    assert r.rows.hosted == 1 and rows_hold(images, order)
+    second = [r.decode(p) for p in (5, 6, 7)]
+    slab = second[0].data.data_ptr() - 4 * 4  # row 1 of batch 1's tensor
+    # The short last batch is copied; batch 1's tensor, never handed out, goes back.
+    images2, order2 = r.rows.assemble([5, 6, 7], second)
+    assert order2 == [5, 6, 7] and rows_hold(images2, order2)
+    assert len(r.recycled) == 1 and r.recycled[0].data_ptr() == slab
+
+
+def test_concurrent_decodes_and_assembly_deliver_every_sample_once() -> None:
+    n = 64
+    r = Rows(n)
+    placed: dict[int, Placed] = {}
+    lock = threading.Lock()
+
+    def work(positions: range) -> None:
+        for p in positions:
+            done = r.decode(p)
+            with lock:
+                placed[p] = done
+
+    threads = [threading.Thread(target=work, args=(range(k, n, 4),)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seen: list[int] = []
+    for start in range(0, n, B):
+        batch = list(range(start, start + B))
+        images, order = r.rows.assemble(batch, [placed[p] for p in batch])
+        assert rows_hold(images, order)
+        seen += order
+    assert sorted(seen) == list(range(n))
