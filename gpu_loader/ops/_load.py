@@ -24,7 +24,7 @@ from gpu_loader.ops._decode import (
     probe_size,
 )
 from gpu_loader.ops._formats import sniff
-from gpu_loader.ops._transform import NATIVE_DTYPE_CODES, _check_out, native_affine, transform_into
+from gpu_loader.ops._transform import _check_out, native_target, transform_into
 from gpu_loader.ops._transforms import CropParams, EvalTransform, OutputDtype, TrainTransform
 
 
@@ -115,13 +115,7 @@ def _load_jpeg_native(
             factor,
             -(-height // factor),  # libjpeg's scaled size: ceil(height / factor)
             -(-width // factor),
-            (params.top, params.left, params.height, params.width),
-            out,
-            int(out.shape[1]),
-            int(out.shape[2]),
-            params.flip,
-            NATIVE_DTYPE_CODES[dtype],
-            *native_affine(transform.mean, transform.std),
+            *native_target(params, out, dtype, transform.mean, transform.std),
         )
     except native.JpegError as exc:
         raise DecodeError(

@@ -54,17 +54,7 @@ def transform_into(
         height, width, channels = src.shape
         clamp_box(params, height, width)  # the same error as the Pillow path for a bad box
         native.resize_into(
-            src,
-            height,
-            width,
-            channels,
-            (params.top, params.left, params.height, params.width),
-            out,
-            int(out.shape[1]),
-            int(out.shape[2]),
-            params.flip,
-            NATIVE_DTYPE_CODES[dtype],
-            *native_affine(mean, std),
+            src, height, width, channels, *native_target(params, out, dtype, mean, std)
         )
         return
     resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])))
@@ -96,6 +86,17 @@ def _native_source(image: DecodedImage | np.ndarray) -> np.ndarray:
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"`image` must be HWC uint8 RGB, got {image.dtype} {image.shape}")
     return np.ascontiguousarray(image)
+
+
+def native_target(
+    params: CropParams, out: np.ndarray, dtype: str, mean: Sequence[float], std: Sequence[float]
+) -> tuple[Any, ...]:
+    """The arguments both native calls end with: box, out, its size, flip, dtype code,
+    and the (scale, shift) of the normalisation."""
+    scale, shift = native_affine(mean, std)
+    box = (params.top, params.left, params.height, params.width)
+    size = (int(out.shape[1]), int(out.shape[2]))
+    return (box, out, *size, params.flip, NATIVE_DTYPE_CODES[dtype], scale, shift)
 
 
 def native_affine(
