@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +41,7 @@ SYSTEMS: dict[str, str] = {
     "dataloader_fast_w2": "torch DataLoader running gpu_loader's per-sample path (ops.load_into), 2 workers",
     "spdl_io": "SPDL 0.8 pipeline, spdl.io (FFmpeg) decode+crop+scale, 2 threads",
     "spdl_fast": "SPDL 0.8 pipeline running gpu_loader's per-sample path (ops.load_into), 2 threads",
+    "spdl_simplejpeg": "SPDL 0.8 pipeline, simplejpeg decode + Pillow resize per image (gpu_loader's pillow backend), 2 threads",
     "dali_cpu": "DALI CPU pipeline (device_id=None), 2 threads",
 }
 
@@ -222,6 +224,15 @@ def spdl_fast_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
     return sample.__getitem__, len(sample)
 
 
+def spdl_simplejpeg_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
+    """gpu_loader's Pillow backend per image: simplejpeg decode, Pillow resize, OpenCV normalise."""
+    from gpu_loader.ops._backend import ENV_VAR, native_module
+
+    os.environ[ENV_VAR] = "pillow"  # this worker process only
+    native_module.cache_clear()
+    return spdl_fast_sample(data, kind)
+
+
 def iter_dali(data: Path, kind: str) -> Iterator[Any]:
     import numpy as np
     import torch
@@ -288,6 +299,7 @@ RUNNERS: dict[str, Callable[[Path, str], Iterable[Any]]] = {
     "dataloader_fast_w2": iter_dataloader(FastSample, 2),
     "spdl_io": iter_spdl(spdl_io_sample),
     "spdl_fast": iter_spdl(spdl_fast_sample),
+    "spdl_simplejpeg": iter_spdl(spdl_simplejpeg_sample),
     "dali_cpu": iter_dali,
 }
 
@@ -326,7 +338,12 @@ def available(system: str) -> str | None:
     """None when `system` can run here, else why not."""
     import importlib.util
 
-    need = {"spdl_io": "spdl", "spdl_fast": "spdl", "dali_cpu": "nvidia.dali"}.get(system)
+    need = {
+        "spdl_io": "spdl",
+        "spdl_fast": "spdl",
+        "spdl_simplejpeg": "spdl",
+        "dali_cpu": "nvidia.dali",
+    }.get(system)
     if need is None:
         return None
     try:
