@@ -108,7 +108,11 @@ def format_report(
     read_best = max(p.items_per_s for p in read_profiles)
     decode_best = max(p.items_per_s for p in decode_profiles)
     bottleneck = "decode" if decode_best < read_best else "read"
-    lines = [f"inspected {count} of {len(index)} images on {cpus} CPU(s)", ""]
+    lines = [
+        f"inspected {count} of {len(index)} images on {cpus} CPU(s)",
+        cpu_backend_line(),
+        "",
+    ]
     lines.append(f"{'stage':8s} {'threads':>7s} {'img/s':>10s} {'failures':>8s}")
     for p in [*read_profiles, *decode_profiles]:
         lines.append(f"{p.stage:8s} {p.threads:7d} {p.items_per_s:10.0f} {p.failures:8d}")
@@ -120,3 +124,17 @@ def format_report(
         f" -> about {min(read_best, decode_best):.0f} img/s on this machine",
     ]
     return "\n".join(lines)
+
+
+def cpu_backend_line() -> str:
+    """Which CPU decode + transform implementation runs, and how to get the fast one."""
+    from gpu_loader.ops import cpu_backend
+    from gpu_loader.ops._backend import ENV_VAR, build_hint, native_module
+
+    if cpu_backend() == "native":
+        version = getattr(native_module(), "LIBJPEG_TURBO_VERSION", 0)
+        turbo = f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}"
+        return f"CPU backend: native (C, libjpeg-turbo {turbo})"
+    if os.environ.get(ENV_VAR, "").strip().lower() == "pillow":
+        return f"CPU backend: pillow (chosen by ${ENV_VAR})"
+    return f"CPU backend: pillow (slower; {build_hint()})"
