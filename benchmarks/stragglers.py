@@ -37,7 +37,9 @@ from gpu_loader.benchmarks._common import format_table, run_worker, write_result
 BATCH = 32
 SIZE = 224
 HEADROOM = 1.10  # loader throughput / consumer need
-SYSTEMS = ("ordered", "straggler", "dataloader_w2")
+# straggler_cost: straggler mode with cost-aware start order (larger files first within each
+# nominal batch's block of positions, LoaderOptions(cost_lookahead=BATCH)).
+SYSTEMS = ("ordered", "straggler", "straggler_cost", "dataloader_w2")
 SCENARIOS = ("decode", "reads")
 SLOW_FRACTION = 0.10
 SLOW_READ_S = 0.150
@@ -73,16 +75,17 @@ def make_index(data: Path, scenario: str) -> Any:
     return SlowReads(index) if scenario == "reads" else index
 
 
-def make_loader(data: Path, mode: str, scenario: str = "decode") -> Any:
+def make_loader(data: Path, system: str, scenario: str = "decode") -> Any:
     import gpu_loader as gl
 
+    cost = system == "straggler_cost"
     return gl.ImageLoader(
         make_index(data, scenario),
         batch_size=BATCH,
         transform=gl.ops.TrainTransform(SIZE),
-        batching=mode,
+        batching="straggler" if cost else system,
         seed=0,
-        options=gl.LoaderOptions(monitor_gpu=False),
+        options=gl.LoaderOptions(monitor_gpu=False, cost_lookahead=BATCH if cost else 0),
     )
 
 

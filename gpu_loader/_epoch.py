@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gpu_loader._straggler_rows import StragglerRows, as_numpy
-from gpu_loader.batching import AdaptiveThreshold, Batch, OrderedBatcher, StragglerBatcher
+from gpu_loader.batching import (
+    AdaptiveThreshold,
+    Batch,
+    OrderedBatcher,
+    StragglerBatcher,
+    order_by_cost,
+)
 from gpu_loader.batching._ledger import Ledger
 from gpu_loader.ops import load_into
 from gpu_loader.pipeline import FailureRecord, PipelineBuilder, SlowLane
@@ -114,7 +120,7 @@ class EpochBase:
     def source(self) -> Iterator[Task]:
         """Positions to run, holding back while `window` samples are in flight."""
         index_of = self.loader.source.key
-        for position in self.todo:
+        for position in self.start_order():
             with self.cond:
                 while self.in_flight >= self.window and not self.stopping.is_set():
                     self.cond.wait(0.05)
@@ -124,6 +130,20 @@ class EpochBase:
             index = int(self.indices[position])
             self.batcher.started(position)
             yield Task(position, index, index_of(index))
+
+    def start_order(self) -> Iterator[int]:
+        """`todo`, in straggler mode with `cost_lookahead` reordered block by block so the
+        larger files (slower to read and decode) start first. Sizes are asked for one
+        block at a time, as the source thread reaches it."""
+        lookahead = self.loader.options.cost_lookahead
+        if self.loader.batching != "straggler" or lookahead <= 1:
+            yield from self.todo
+            return
+        nbytes, indices, todo = self.loader.source.nbytes, self.indices, self.todo
+        for start in range(0, len(todo), lookahead):
+            block = todo[start : start + lookahead]
+            costs = [float(nbytes(int(indices[p])) or 0) for p in block]
+            yield from order_by_cost(block, costs, lookahead)
 
     def note_failure(self, position: int) -> None:
         """Called from a worker thread when a sample fails (the engine records why)."""

@@ -58,6 +58,12 @@ class LoaderOptions:
     max_slow_threads: int | None = None
     """``straggler`` mode: workers allowed in each stage's slow lane at once (default: that
     stage's thread count)."""
+    cost_lookahead: int = 0
+    """``straggler`` mode: start expected-slow samples (the larger files, from the source's
+    cheap ``nbytes``) first within consecutive blocks of this many positions, so they
+    finish nearer their batch (0 or 1: start in order). At most ``batch_size *
+    (prefetch_batches + max_delay_batches)``, which keeps the in-flight window able to
+    make progress."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     pin_memory: bool | None = None
@@ -95,6 +101,12 @@ class LoaderOptions:
             raise ValueError(
                 f"`max_delay_batches` must be an int >= 0, got {self.max_delay_batches!r}"
             )
+        if (
+            isinstance(self.cost_lookahead, bool)
+            or not isinstance(self.cost_lookahead, int)
+            or self.cost_lookahead < 0
+        ):
+            raise ValueError(f"`cost_lookahead` must be an int >= 0, got {self.cost_lookahead!r}")
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
             raise ValueError(f"`max_pixels` must be an int >= 1, got {self.max_pixels!r}")
         if self.decode_on not in ("auto", "cpu", "gpu"):
@@ -178,6 +190,14 @@ class ImageLoader:
         self.on_error: OnError = on_error
         self.max_failures = 0 if on_error == "raise" else max_failures
         self.options = options or LoaderOptions()
+        opts = self.options
+        most = batch_size * (opts.prefetch_batches + opts.max_delay_batches)
+        if opts.cost_lookahead > most:
+            raise ValueError(
+                f"`cost_lookahead` must be at most batch_size * (prefetch_batches + "
+                f"max_delay_batches) = {most}, got {opts.cost_lookahead}: a larger block "
+                "could fill the in-flight window without completing a batch"
+            )
         self.device = _resolve_device(device)
         self.sampler = Sampler(
             len(source),

@@ -287,3 +287,39 @@ def test_remote_sources_get_more_io_threads(unique_list: FileList) -> None:
     remote = FileList([("memory://remote/a.jpg", 0)])
     assert make(remote).io_threads == 16
     assert make(unique_list).io_threads == 2
+
+
+def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: FileList) -> None:
+    from gpu_loader._epoch import CpuEpoch
+    from gpu_loader.batching import order_by_cost
+
+    options = gl.LoaderOptions(cost_lookahead=8)
+    loader = make(unique_list, seed=2, batching="straggler", options=options)
+    epoch = CpuEpoch(loader, None)
+    try:
+        order = list(epoch.start_order())
+    finally:
+        epoch.close()
+    indices = loader.sampler.indices()
+    sizes = [float(unique_list.nbytes(int(indices[p])) or 0) for p in range(len(indices))]
+    assert order == order_by_cost(list(range(len(indices))), sizes, 8)
+    assert order != list(range(len(indices)))  # the photos differ in size
+    # Every sample still arrives exactly once, with the lateness bound kept.
+    batches = run_epoch(loader)
+    assert sorted(labels_of(batches)) == list(range(len(unique_list)))
+    assert loader.batching_stats() is not None and loader.batching_stats().overdue == 0
+
+
+def test_cost_lookahead_is_validated_and_ignored_in_ordered_mode(unique_list: FileList) -> None:
+    with pytest.raises(ValueError, match="cost_lookahead"):
+        gl.LoaderOptions(cost_lookahead=-1)
+    with pytest.raises(ValueError, match="at most"):
+        make(unique_list, batch_size=4, options=gl.LoaderOptions(cost_lookahead=17))
+    from gpu_loader._epoch import CpuEpoch
+
+    loader = make(unique_list, options=gl.LoaderOptions(cost_lookahead=8))
+    epoch = CpuEpoch(loader, None)
+    try:
+        assert list(epoch.start_order()) == list(range(len(unique_list)))
+    finally:
+        epoch.close()
