@@ -71,7 +71,8 @@ class SlowLane:
     clock: Callable[[], float] = time.monotonic
     """Seconds, monotonic; injectable so tests can script time."""
     poll_s: float = 0.002
-    """How often the stage's watchdog thread checks running tasks."""
+    """The watchdog's shortest sleep: it checks running tasks when the oldest could pass
+    the limit, at least ``poll_s`` and at most ``10 * poll_s`` apart."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_threads, bool) or not isinstance(self.max_threads, int):

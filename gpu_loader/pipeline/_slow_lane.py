@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from ._pipe_stage import PipeStage
 
 
+MAX_WAIT_POLLS = 10
+"""The watchdog's longest sleep, in ``poll_s`` units (bounds the reaction to a clock or a
+limit that changes while it sleeps)."""
+
+
 class WorkerSlot:
     """One worker's running task as the watchdog sees it."""
 
@@ -47,6 +52,7 @@ class LaneState:
         self._slow_size = 0
         self._moves = 0
         self._limit: float | None = None
+        self._wait = lane.poll_s  # until the next check (see `_move_stragglers`)
 
     def new_slot(self) -> WorkerSlot:
         slot = WorkerSlot(self._lane)
@@ -82,11 +88,18 @@ class LaneState:
             return len(self._fast)
 
     def watch(self) -> None:
-        """The watchdog thread: every ``poll_s``, move over-limit workers to the slow lane."""
-        stage, lane = self._stage, self._lane
+        """The watchdog thread: move over-limit workers to the slow lane.
+
+        It sleeps until the earliest moment a running task can pass the limit (at least
+        ``poll_s``, at most ``MAX_WAIT_POLLS * poll_s``), not a fixed ``poll_s``: with
+        tasks far shorter than the limit that is a few wake-ups per limit instead of one
+        per ``poll_s``, each of which takes the GIL from the workers. A task that starts
+        while it sleeps cannot pass the limit before it wakes.
+        """
+        stage = self._stage
         rt = stage.rt
         assert rt is not None
-        while not rt.stop.wait(lane.poll_s):
+        while not rt.stop.wait(self._wait):
             if stage.eos_seen():
                 return  # no new items: a replacement would have nothing to do
             for _ in range(self._move_stragglers()):
@@ -96,19 +109,24 @@ class LaneState:
         lane = self._lane
         with self._lock:
             self._limit = limit = lane.threshold.limit()
+            self._wait = lane.poll_s
             if limit is None:
                 return 0
             now = lane.clock()
             moved = 0
+            next_due = limit  # a task starting now
             for slot in list(self._fast):
-                if self._slow_size >= lane.max_threads:
-                    break
                 with slot.lock:
-                    if slot.started is None or now - slot.started <= limit:
+                    if slot.started is None:
+                        continue
+                    left = limit - (now - slot.started)
+                    if left >= 0 or self._slow_size >= lane.max_threads:
+                        next_due = min(next_due, max(left, 0.0))
                         continue
                     slot.slow = True
                 self._fast.remove(slot)
                 self._slow_size += 1
                 self._moves += 1
                 moved += 1
+            self._wait = min(max(next_due, lane.poll_s), MAX_WAIT_POLLS * lane.poll_s)
             return moved

@@ -199,3 +199,29 @@ def test_slow_lane_validation() -> None:
         SlowLane(0, FixedThreshold(1.0))
     with pytest.raises(TypeError, match="LaneThreshold"):
         SlowLane(1, object())  # type: ignore[arg-type]
+
+
+def test_watchdog_sleeps_until_a_task_can_pass_the_limit() -> None:
+    from gpu_loader.pipeline._slow_lane import MAX_WAIT_POLLS, LaneState
+
+    now = [0.0]
+    lane = SlowLane(1, FixedThreshold(0.010), clock=lambda: now[0], poll_s=0.001)
+    state = LaneState(None, lane)  # type: ignore[arg-type]  # the stage is not used here
+    assert state._move_stragglers() == 0
+    assert state._wait == pytest.approx(0.010)  # nothing running: a new task's whole limit
+    first, second = state.new_slot(), state.new_slot()
+    first.begin()
+    now[0] = 0.004
+    second.begin()
+    assert state._move_stragglers() == 0
+    assert state._wait == pytest.approx(0.006)  # when `first` could pass the limit
+    now[0] = 0.0105
+    assert state._move_stragglers() == 1  # `first` moved
+    assert state._wait == pytest.approx(0.0035)  # `second`'s turn
+    now[0] = 0.0142
+    # The slow lane is full: `second` stays, and is looked at again after one poll.
+    assert state._move_stragglers() == 0
+    assert state._wait == pytest.approx(0.001)
+    slow = LaneState(None, SlowLane(1, FixedThreshold(5.0), poll_s=0.001))  # type: ignore[arg-type]
+    slow._move_stragglers()
+    assert slow._wait == pytest.approx(MAX_WAIT_POLLS * 0.001)  # a limit can change meanwhile
