@@ -241,8 +241,9 @@ class EpochBase:
 class CpuEpoch(EpochBase):
     """read (I/O threads) -> decode + transform (CPU threads) -> batcher thread -> queue.
 
-    Ordered mode writes each sample straight into its slot of its batch's tensor; straggler
-    mode writes it into a recycled per-sample tensor and copies it into the batch it joins.
+    Ordered mode writes each sample straight into its slot of its batch's tensor; so does
+    straggler mode, which builds each batch on one of those tensors and copies in only the
+    samples that moved (`gpu_loader._straggler_rows`).
     """
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
