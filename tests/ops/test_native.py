@@ -270,3 +270,69 @@ def test_float16_store_is_the_rounded_float32_with_flip_and_tails(flip: bool, ou
     f32 = native_full(image, box, (11, out_w), flip, "float32")
     f16 = native_full(image, box, (11, out_w), flip, "float16")
     assert np.array_equal(f16.view(np.uint16), f32.astype(np.float16).view(np.uint16))
+
+
+def pil_jpeg(image: np.ndarray, **options: object) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "JPEG", **options)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"progressive": True, "quality": 85},
+        {"quality": 90, "subsampling": 2},  # 4:2:0
+        {"quality": 60, "subsampling": 1, "restart_marker_blocks": 3},  # 4:2:2, restarts
+    ],
+    ids=["progressive", "baseline420", "restart422"],
+)
+def test_other_jpeg_flavours_equal_a_full_decode(options: dict[str, object]) -> None:
+    image = photo(301, 457, seed=11)
+    data = pil_jpeg(image, **options)
+    full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    for box in ((0.0, 0.0, 301.0, 457.0), (120.5, 200.25, 90.0, 130.0)):
+        got = native_roi(data, 1, (301, 457), box, (64, 80), True, "float32")
+        assert np.array_equal(got, native_full(full, box, (64, 80), True, "float32"))
+
+
+@pytest.mark.parametrize(("h", "w"), [(1, 1), (5, 7), (9, 17), (16, 16), (33, 2)])
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+def test_tiny_images_at_every_scale(h: int, w: int, denom: int) -> None:
+    image = photo(max(h, 8), max(w, 8), seed=h * 100 + w)[:h, :w].copy()
+    data = jpeg(image, 92, "420")
+    sh, sw = math.ceil(h / denom), math.ceil(w / denom)
+    full = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=sh, min_width=sw)
+    assert full.shape[:2] == (sh, sw)
+    box = (0.0, 0.0, float(sh), float(sw))
+    got = native_roi(data, denom, (sh, sw), box, (3, 5), False, "uint8")
+    assert np.array_equal(got, native_full(full, box, (3, 5), False, "uint8"))
+
+
+def test_damaged_files_raise_and_never_crash() -> None:
+    """Hostile input: flipped bytes anywhere (headers included) and truncations. Every
+    outcome is a clean result or a DecodeError naming the key; nothing else escapes."""
+    t = TrainTransform(48)
+    out = np.empty((3, 48, 48), np.float32)
+    sources = [jpeg(photo(120, 160, seed=s), 85, sub) for s, sub in ((1, "420"), (2, "444"))]
+    sources.append(pil_jpeg(photo(96, 130, seed=3), progressive=True, quality=80))
+    rng = np.random.default_rng(2026)
+    outcomes = {"ok": 0, "error": 0}
+    for case in range(300):
+        data = bytearray(sources[case % len(sources)])
+        if case % 3 == 0:
+            data = data[: int(rng.integers(2, len(data)))]
+        else:
+            for _ in range(int(rng.integers(1, 6))):
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        try:
+            load_into(
+                bytes(data), t, np.random.default_rng(case), out, dtype="float32", key=f"fuzz{case}"
+            )
+        except DecodeError as exc:
+            assert f"fuzz{case}" in str(exc)
+            outcomes["error"] += 1
+        else:
+            assert np.isfinite(out).all()
+            outcomes["ok"] += 1
+    assert outcomes["error"] > 50  # the damage is found, not decoded as grey blocks

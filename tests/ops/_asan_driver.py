@@ -1,0 +1,80 @@
+"""Runs the native extension built with AddressSanitizer over exactness and damage cases.
+
+Started by test_native_asan.py in a child process with libasan preloaded; it imports only
+numpy, simplejpeg and the instrumented module (OpenCV and torch do not run under a
+preloaded ASan runtime). argv: the instrumented .so, a pickle of JPEG byte strings.
+Exits non-zero (ASan aborts, or an assertion fails) on any problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pickle
+import sys
+
+import numpy as np
+import simplejpeg
+
+SCALE, SHIFT = (0.02, 0.02, 0.02), (-1.0, -1.0, -1.0)
+DTYPES = ((0, np.float32), (1, np.uint16), (2, np.uint16), (3, np.uint8))
+
+
+def main(so_path: str, cases_path: str) -> None:
+    spec = importlib.util.spec_from_file_location("_native", so_path)
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    with open(cases_path, "rb") as f:
+        cases: list[bytes] = pickle.load(f)
+    rng = np.random.default_rng(0)
+    exact = failed = 0
+    for data in cases:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        grey = colorspace == "Gray"
+        for denom in (1, 2, 4, 8):
+            sh, sw = math.ceil(h / denom), math.ceil(w / denom)
+            full = simplejpeg.decode_jpeg(
+                data, colorspace="GRAY" if grey else "RGB", min_height=sh, min_width=sw
+            )
+            for _ in range(4):
+                top, left = rng.uniform(0, sh * 0.9), rng.uniform(0, sw * 0.9)
+                box = (
+                    top,
+                    left,
+                    max(1e-3, rng.uniform(0, sh - top)),
+                    max(1e-3, rng.uniform(0, sw - left)),
+                )
+                size = (int(rng.integers(1, 300)), int(rng.integers(1, 300)))
+                flip = bool(rng.integers(2))
+                for code, dtype in DTYPES:
+                    a = np.empty((3, *size), dtype)
+                    b = np.empty_like(a)
+                    native.decode_resize_jpeg(
+                        data, denom, sh, sw, box, a, *size, flip, code, SCALE, SHIFT
+                    )
+                    native.resize_into(
+                        full, sh, sw, full.shape[2], box, b, *size, flip, code, SCALE, SHIFT
+                    )
+                    assert np.array_equal(a, b), (h, w, denom, box, size, code)
+                    exact += 1
+        for k in range(120):  # damaged copies: truncated, or bytes overwritten anywhere
+            damaged = bytearray(data)
+            if k % 3 == 0:
+                damaged = damaged[: int(rng.integers(2, len(damaged)))]
+            else:
+                for _ in range(int(rng.integers(1, 6))):
+                    damaged[int(rng.integers(0, len(damaged)))] = int(rng.integers(0, 256))
+            out = np.empty((3, 40, 40), np.float32)
+            try:
+                native.decode_resize_jpeg(
+                    bytes(damaged), 1, h, w, (0.0, 0.0, h, w), out, 40, 40, False, 0, SCALE, SHIFT
+                )
+            except ValueError:
+                failed += 1
+    assert failed > 0
+    print(f"asan ok: {exact} exact, {failed} damaged files refused")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
