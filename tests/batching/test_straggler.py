@@ -261,12 +261,18 @@ def test_cost_reordered_starts_keep_the_bound_and_progress(
     assert all(x.max_delay <= s["delay"] for x in run.batches)
 
 
-def test_pop_without_moves_waits_for_the_head_of_line() -> None:
+def head_of_line_missing() -> StragglerBatcher[int]:
+    """Batch size 4, positions 0-7 started, 1-4 ready: batch 0 waits only for position 0."""
     b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
     for p in range(8):
         b.started(p)
     for p in (1, 2, 3, 4):
         b.push(p, p)
+    return b
+
+
+def test_pop_without_moves_waits_for_the_head_of_line() -> None:
+    b = head_of_line_missing()
     # Four are ready, but the batch would skip position 0: only a pop that may move does.
     assert b.pop(moves=False) is None
     assert b.stats().held_back == 0  # a refusal the caller asked for, not the bound
@@ -277,11 +283,7 @@ def test_pop_without_moves_waits_for_the_head_of_line() -> None:
 
 
 def test_pop_with_moves_takes_the_ready_samples_the_same_call_would_wait_for() -> None:
-    b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
-    for p in range(8):
-        b.started(p)
-    for p in (1, 2, 3, 4):
-        b.push(p, p)
+    b = head_of_line_missing()
     assert b.pop(moves=False) is None
     batch = b.pop()
     assert batch is not None and batch.positions == (1, 2, 3, 4)
