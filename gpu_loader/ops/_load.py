@@ -46,6 +46,7 @@ def load_into(
     Raises DecodeError (naming ``key``) for undecodable input.
     """
     buf = _as_bytes(data)
+    _check_out(out, dtype)  # the clear error for a wrong `out`, before either path uses it
     native = native_module()
     if native is not None and out.flags.c_contiguous and sniff(buf) == "jpeg":
         done = _load_jpeg_native(native, buf, transform, rng, out, dtype, key, max_pixels)
@@ -103,7 +104,6 @@ def _load_jpeg_native(
     height, width, colorspace, orientation = _jpeg_header(buf, key)
     if orientation != 1 or colorspace not in _NATIVE_COLORSPACES:
         return None
-    _check_out(out, dtype)
     _check_pixels(key, height, width, max_pixels)
     params = transform.make_params(height, width, rng)
     factor = dct_factor_for(params, transform.output_size, height, width)

@@ -275,3 +275,25 @@ def test_torch_and_numpy_casts_agree(dtype: str) -> None:
         cast_into(values.copy(), out, dtype, use_torch=use_torch)
         outs.append(out.view(np.int16))
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_load_into_names_a_wrong_out_before_decoding(photos: list[Photo]) -> None:
+    import torch
+
+    t = TrainTransform(16)
+    with pytest.raises(TypeError, match="`out` must be a numpy array"):
+        load_into(
+            photos[0].data,
+            t,
+            np.random.default_rng(0),
+            torch.empty(3, 16, 16),  # type: ignore[arg-type]
+            dtype="float32",
+        )
+    with pytest.raises(ValueError, match=r"`out` must have shape \[3, H, W\]"):
+        load_into(
+            photos[0].data,
+            t,
+            np.random.default_rng(0),
+            np.empty((16, 16), np.float32),
+            dtype="float32",
+        )
