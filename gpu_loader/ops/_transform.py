@@ -2,8 +2,9 @@
 
 With the native backend (``cpu_backend() == "native"``) all of it is one C call
 (``_native.resize_into``: separable float resize with Pillow's weights, normalise and cast
-fused into the slot, GIL released). Otherwise, the Pillow path below: the resize is Pillow's own `Image.resize(BILINEAR, box=...)` (the reference semantics, in C,
-GIL released). Decoded JPEGs arrive as RGBX buffers, which Pillow maps without a copy. The
+fused into the slot, GIL released). Otherwise, the Pillow path below: the resize is
+Pillow's own `Image.resize(BILINEAR, box=...)` (the reference semantics, in C, GIL
+released). Decoded JPEGs arrive as RGBX buffers, which Pillow maps without a copy. The
 flip is a negative-stride view, and normalize + CHW + cast are two fused numpy passes straight
 into the caller's slot, so the only full-size buffer is the decoded image itself.
 """
