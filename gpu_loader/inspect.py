@@ -129,12 +129,12 @@ def format_report(
 def cpu_backend_line() -> str:
     """Which CPU decode + transform implementation runs, and how to get the fast one."""
     from gpu_loader.ops import cpu_backend
-    from gpu_loader.ops._backend import ENV_VAR, build_hint, native_module
+    from gpu_loader.ops._backend import ENV_VAR, build_hint, chosen, native_module
 
     if cpu_backend() == "native":
         version = getattr(native_module(), "LIBJPEG_TURBO_VERSION", 0)
         turbo = f"{version // 1000000}.{version // 1000 % 1000}.{version % 1000}"
         return f"CPU backend: native (C, libjpeg-turbo {turbo})"
-    if os.environ.get(ENV_VAR, "").strip().lower() == "pillow":
+    if chosen() == "pillow":
         return f"CPU backend: pillow (chosen by ${ENV_VAR})"
     return f"CPU backend: pillow (slower; {build_hint()})"

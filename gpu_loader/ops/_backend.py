@@ -34,12 +34,18 @@ def cpu_backend() -> CpuBackend:
     return "native" if native_module() is not None else "pillow"
 
 
-@functools.cache
-def native_module() -> ModuleType | None:
-    """The native extension when it is chosen and built, else None (cached per process)."""
+def chosen() -> str:
+    """``$GPU_LOADER_CPU_BACKEND``, validated: "auto" (the default), "native" or "pillow"."""
     choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
         raise ValueError(f"${ENV_VAR} must be one of {_CHOICES}, got {choice!r}")
+    return choice
+
+
+@functools.cache
+def native_module() -> ModuleType | None:
+    """The native extension when it is chosen and built, else None (cached per process)."""
+    choice = chosen()
     if choice == "pillow":
         return None
     try:

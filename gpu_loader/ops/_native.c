@@ -244,7 +244,7 @@ typedef struct {
     int row_len;      /* floats per accumulator row: (last column - x0) * channels */
     int row_pitch;    /* row_len plus padding for the 4-lane loads of the horizontal pass */
     int ring;         /* accumulator rows kept */
-    float *acc;       /* [ring][row_len] */
+    float *acc;       /* [ring][row_pitch] */
     float *values;    /* [3][out_w] one output row, resized order */
     int next_start;   /* first output row not yet started */
     int next_done;    /* first output row not yet written */

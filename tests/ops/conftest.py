@@ -12,7 +12,7 @@ import simplejpeg
 from PIL import Image
 
 from gpu_loader.datasets import photo_like
-from gpu_loader.ops._backend import ENV_VAR, native_module
+from gpu_loader.ops._backend import forced
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,10 @@ def png(image: np.ndarray) -> bytes:
 
 
 @pytest.fixture(params=["native", "pillow"])
-def cpu_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def cpu_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs the test once per CPU backend (``$GPU_LOADER_CPU_BACKEND``)."""
-    monkeypatch.setenv(ENV_VAR, request.param)
-    native_module.cache_clear()
-    yield request.param
-    native_module.cache_clear()  # the next lookup sees the restored environment
+    with forced(request.param):
+        yield request.param
 
 
 # (height, width, subsampling): small, typical, portrait, wide, and big ones that take the
