@@ -71,7 +71,8 @@ def _as_cupy_stream(cupy: Any, stream: Any) -> Any:
     """A context manager making ``stream`` current (a no-op context for None)."""
     if stream is None:
         return cupy.cuda.get_current_stream()
-    if isinstance(stream, cupy.cuda.Stream | cupy.cuda.ExternalStream):
+    cupy_streams = (cupy.cuda.Stream, getattr(cupy.cuda, "ExternalStream", cupy.cuda.Stream))
+    if isinstance(stream, cupy_streams):
         return stream
     # torch.cuda.Stream has `cuda_stream`, other wrappers `ptr`; 0 (the legacy default
     # stream) is a valid handle, so test for presence, not truthiness.
@@ -80,4 +81,21 @@ def _as_cupy_stream(cupy: Any, stream: Any) -> Any:
         raise TypeError(
             f"`stream` must be a cupy.cuda.Stream, a torch.cuda.Stream or None, got {stream!r}"
         )
-    return cupy.cuda.ExternalStream(int(ptr))
+    # CuPy 14 deprecates ExternalStream (a DeprecationWarning per call) for
+    # Stream.from_external, which takes an object speaking the CUDA stream protocol.
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(int(ptr))
+    return from_external(_StreamHandle(int(ptr)))
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` speaking the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)

@@ -187,6 +187,38 @@ def test_cuda_launcher_wraps_a_foreign_stream_even_the_default_one(
     assert wrapped == [0, 77]
 
 
+def test_cuda_launcher_wraps_a_foreign_stream_through_the_stream_protocol(
+    fake_cupy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CuPy >= 14: Stream.from_external(obj with __cuda_stream__) replaces the deprecated
+    # ExternalStream; the launcher must use it when it exists.
+    wrapped: list[tuple[int, int]] = []
+
+    class Stream(FakeStream):
+        @classmethod
+        def from_external(cls, obj: Any) -> FakeStream:
+            version, ptr = obj.__cuda_stream__()
+            wrapped.append((version, ptr))
+            return FakeStream(ptr)
+
+    class NoExternal(FakeStream):
+        def __init__(self, ptr: int) -> None:
+            raise AssertionError("the deprecated ExternalStream was used")
+
+    fake = fused.require("cupy", "")
+    monkeypatch.setattr(fake.cuda, "Stream", Stream)
+    monkeypatch.setattr(fake.cuda, "ExternalStream", NoExternal)
+    out = np.zeros((1, 3, 2, 2), np.float32)
+    src = np.zeros((2, 6), np.uint8)
+    image = [(src.ctypes.data, 2, 2, 6)]
+    for handle in (types.SimpleNamespace(cuda_stream=0), types.SimpleNamespace(ptr=77)):
+        fused.launch_fused(
+            image, [(0, 0, 2, 2)], [False], out.ctypes.data, 2, 2, (0, 0, 0), (1, 1, 1),
+            "float32", handle,
+        )  # fmt: skip
+    assert wrapped == [(0, 0), (0, 77)]
+
+
 def test_cuda_launcher_refuses_a_non_stream(fake_cupy: Any) -> None:
     image = [(0x1000, 2, 2, 6)]
     with pytest.raises(TypeError, match="stream"):
