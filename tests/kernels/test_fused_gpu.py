@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpu_loader.cuda._launch import OUTPUT_DTYPES, OutputDtype
-from tests.kernels.checker import check_fused_kernel, random_case, run_cupy
+from tests.kernels.checker import TOLERANCES, check_fused_kernel, random_case, run_cupy
 
 
 @pytest.mark.needs_cuda
@@ -26,7 +26,9 @@ def test_cuda_kernel_matches_the_reference(dtype: OutputDtype, seed: int) -> Non
 @pytest.mark.needs_cuda
 def test_cuda_kernel_equals_the_emulation_for_reduced_precision() -> None:
     # float16/bfloat16/uint8 stores are the same conversions on both sides; the float32
-    # arithmetic may differ in the last bits (the device contracts to FMA more eagerly).
+    # arithmetic before them may differ (the device contracts to FMA more eagerly), by at
+    # most twice the checker's float32 bound: near zero, after normalisation cancels,
+    # that is several float16 steps (seen on an H100: 7.6e-6 at -0.0021).
     from gpu_loader.cuda._emulation import launch_fused_emulated
     from gpu_loader.cuda._fused import launch_fused
     from tests.kernels.checker import as_float64, run_host
@@ -37,4 +39,11 @@ def test_cuda_kernel_equals_the_emulation_for_reduced_precision() -> None:
         gpu = as_float64(run_cupy(launch_fused)(case, 0), dtype)
         cpu = as_float64(run_host(launch_fused_emulated)(case, 0), dtype)
         ulp = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "uint8": 0.0}[dtype]
-        assert np.all(np.abs(gpu - cpu) <= ulp * np.abs(cpu) + (1.0 if dtype == "uint8" else 1e-6))
+        arithmetic = 2 * TOLERANCES["float32"][1]
+        excess = np.abs(gpu - cpu) - (ulp * np.abs(cpu) + (1.0 if dtype == "uint8" else arithmetic))
+        worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
+        assert excess[worst] <= 0, (
+            f"{dtype}: {int(np.count_nonzero(excess > 0))} of {excess.size} values differ by "
+            f"more than one step; worst at {tuple(int(i) for i in worst)}: "
+            f"device {gpu[worst]!r}, emulation {cpu[worst]!r}"
+        )
