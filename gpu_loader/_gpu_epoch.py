@@ -71,6 +71,9 @@ class GpuEpoch(EpochBase):
             max_pixels=opts.max_pixels,
         )
         order: OutputOrder = "completion" if loader.batching == "straggler" else "input"
+        # The fetch threads also decode the input that is not JPEG (GIL-free), so they get
+        # up to 8 of the decode threads unless io_threads was set.
+        fetch_threads = opts.io_threads or max(loader.io_threads, min(8, loader.decode_threads))
 
         def fetch(task: Task) -> FetchedSample:
             try:
@@ -84,12 +87,12 @@ class GpuEpoch(EpochBase):
             .add_source(self.source())
             .pipe(
                 fetch,
-                concurrency=loader.io_threads,
+                concurrency=fetch_threads,
                 name="fetch",
                 output_order=order,
                 max_failures=loader.max_failures,
                 key_fn=task_key,
-                slow_lane=self.slow_lane(loader.io_threads),
+                slow_lane=self.slow_lane(fetch_threads),
             )
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()

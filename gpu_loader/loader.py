@@ -50,7 +50,8 @@ class LoaderOptions:
     decode_threads: int | None = None
     """Decode + transform threads (default: the CPU count)."""
     io_threads: int | None = None
-    """Threads reading bytes (default: 2 for local files, 16 for fsspec URLs)."""
+    """Threads reading bytes (default: 2 for local files, 16 for fsspec URLs; on the GPU
+    path, where they also decode non-JPEG input, at least min(8, decode_threads))."""
     prefetch_batches: int = 2
     """Batches prepared ahead of the training loop; bounds memory with `max_delay_batches`."""
     max_delay_batches: int = 2

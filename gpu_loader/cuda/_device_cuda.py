@@ -17,7 +17,12 @@ import numpy.typing as npt
 from gpu_loader._optional import require
 from gpu_loader.cuda._gpu_stage import GpuPorts
 from gpu_loader.cuda._launch import ImageRef, OutputDtype
-from gpu_loader.cuda._nvimgcodec import GPU_BACKENDS, DecodeBackend, NvImageCodecDecoder
+from gpu_loader.cuda._nvimgcodec import (
+    DECODER_THREADS,
+    GPU_BACKENDS,
+    DecodeBackend,
+    NvImageCodecDecoder,
+)
 from gpu_loader.cuda._ports import DeviceImage, Event
 
 if TYPE_CHECKING:
@@ -69,8 +74,7 @@ class CudaRuntime:
 
         host = np.ascontiguousarray(array, dtype=np.uint8)
         with torch.cuda.stream(stream):
-            # Pageable source: the copy is staged before `.to` returns, so `host` may go.
-            image = torch.from_numpy(host).to(self._device, non_blocking=True)
+            image = _upload(torch.from_numpy(host), self._device)
         h, w = int(host.shape[0]), int(host.shape[1])
         return DeviceImage(int(image.data_ptr()), h, w, 3 * w, owner=image)
 
@@ -79,7 +83,7 @@ class CudaRuntime:
 
         host = np.ascontiguousarray(labels, dtype=np.int64)
         with torch.cuda.stream(stream):
-            return torch.from_numpy(host).to(self._device, non_blocking=True)
+            return _upload(torch.from_numpy(host), self._device)
 
     def handoff(self, tensors: Sequence[torch.Tensor], event: Event) -> None:
         import torch
@@ -95,6 +99,16 @@ class CudaRuntime:
 
         pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return pinned.numpy()
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An asynchronous host-to-device copy on the current stream.
+
+    A copy from pageable memory makes CUDA wait for the stream's earlier work (the batch
+    decode) before it starts; staging through torch's caching pinned allocator does not,
+    and that allocator keeps the pinned block until the copy's stream has passed it.
+    """
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class CudaKernelLauncher:
@@ -127,12 +141,22 @@ def cuda_ports(
     device: str | int | torch.device = "cuda",
     *,
     backends: Sequence[DecodeBackend] = GPU_BACKENDS,
+    decoder_threads: int = DECODER_THREADS,
 ) -> GpuPorts:
-    """The CUDA implementations wired together for one device."""
+    """The CUDA implementations wired together for one device.
+
+    ``decoder_threads`` is the size of each decoder's nvImageCodec CPU thread pool (its
+    ``max_num_cpu_threads``; 0 means one per core). Each worker has its own decoder, so
+    the default stays small: on a 16-core H100 machine one decoder took 15 ms per
+    64-image batch with 0 and 10 ms with 8, and two decoders of 4 threads decoded 8,700
+    images/s together.
+    """
     runtime = CudaRuntime(device)
     index = int(runtime.device.index or 0)
     return GpuPorts(
         runtime=runtime,
         launcher=CudaKernelLauncher(index),
-        make_decoder=lambda: NvImageCodecDecoder(device_id=index, backends=backends),
+        make_decoder=lambda: NvImageCodecDecoder(
+            device_id=index, backends=backends, max_cpu_threads=decoder_threads
+        ),
     )

@@ -51,10 +51,11 @@ def test_bad_inputs_fail_with_their_key(dataset: Dataset) -> None:
     batch, runtime, _, fetch_failed = run_batch(dataset)
     failed_keys = {key.rsplit("/", 1)[-1] for _, key, _ in batch.failed}
     fetch_keys = {dataset.names[i] for i, _ in fetch_failed}
-    # A JPEG whose header cannot be read fails at fetch (as on the CPU path); a truncated
-    # one decodes to None in nvImageCodec, then fails in the CPU fallback too.
-    assert fetch_keys == {"garbage.jpg"}
-    assert failed_keys == {"truncated.jpg", "text.jpg", "empty.jpg"}
+    # Input that is not a JPEG is decoded at fetch, so it fails there (as on the CPU path),
+    # like a JPEG whose header cannot be read; a truncated JPEG decodes to None in
+    # nvImageCodec, then fails in the stage's CPU fallback too.
+    assert fetch_keys == {"garbage.jpg", "text.jpg", "empty.jpg"}
+    assert failed_keys == {"truncated.jpg"}
     for _, key, exc in batch.failed:
         assert isinstance(exc, DecodeError)
         assert key in str(exc)
@@ -86,11 +87,13 @@ def test_output_dtypes(dataset: Dataset, dtype: str) -> None:
 
 
 def test_all_failed_batch_is_empty_but_well_formed(dataset: Dataset) -> None:
+    # text.jpg fails at fetch (not a JPEG), truncated.jpg in the stage: a batch of one
+    # sample that fails there is empty.
     bad = [dataset.names.index(n) for n in ("truncated.jpg", "text.jpg")]
-    batch, _, arena, _ = run_batch(dataset, indices=bad)
+    batch, _, arena, fetch_failed = run_batch(dataset, indices=bad)
     images, labels = handoff(batch)
     assert tuple(images.shape) == (0, 3, OUT, OUT) and tuple(labels.shape) == (0,)
-    assert len(batch.failed) == 2 and batch.positions == []
+    assert len(batch.failed) == 1 and len(fetch_failed) == 1 and batch.positions == []
     assert arena.stats().live_slices == 0
 
 
@@ -100,6 +103,6 @@ def test_one_batch_decode_call_per_batch(dataset: Dataset) -> None:
     samples, _ = fetch_all(dataset.source, arena, list(range(len(dataset.names))))
     state = stage.worker_init()
     stage(samples, state)
-    jpegs = sum(s.params is not None for s in samples)
+    jpegs = sum(s.size is not None for s in samples)
     assert state.decoder.calls == 1  # type: ignore[attr-defined]
     assert state.decoder.sizes == [jpegs]  # type: ignore[attr-defined]
