@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from gpu_loader.batching import BatcherStats
-    from gpu_loader.cuda import GpuPorts, PinnedArena
+    from gpu_loader.cuda import GpuPorts, PinnedArena, WorkerPool
     from gpu_loader.monitor import LoaderStats
 
 Batching = Literal["ordered", "straggler"]
@@ -226,6 +226,7 @@ class ImageLoader:
         self._arena: PinnedArena | None = None
         self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
+        self._gpu_worker_pool: WorkerPool | None = None
         self._logger: JsonlLogger | None = None
 
     # -- the torch-facing surface ---------------------------------------------------------
@@ -326,6 +327,8 @@ class ImageLoader:
         The loader stays usable: the next iteration starts new threads.
         """
         self._stop_epoch()
+        if self._gpu_worker_pool is not None:  # the decoders' device memory goes too
+            self._gpu_worker_pool.clear()
         if self._logger is not None:
             self._logger.close()
             self._logger = None
@@ -399,6 +402,15 @@ class ImageLoader:
             )
             self._arena_ports = ports
         return self._arena
+
+    def _gpu_workers(self, ports: GpuPorts) -> WorkerPool:
+        """GPU worker states (stream + decoder), kept across epochs like the arena."""
+        from gpu_loader.cuda import WorkerPool
+
+        pool = self._gpu_worker_pool
+        if pool is None or pool.ports is not ports:
+            pool = self._gpu_worker_pool = WorkerPool(ports)
+        return pool
 
     def _decode_on_gpu(self) -> bool:
         mode = self.options.decode_on

@@ -14,6 +14,7 @@ from gpu_loader.cuda._gpu_stage import (
     GpuBatchStage,
     GpuFetcher,
     GpuPorts,
+    WorkerPool,
     WorkerState,
     handoff,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "StandinKernelLauncher",
     "StandinRuntime",
     "StandinStream",
+    "WorkerPool",
     "WorkerState",
     "cuda_available",
     "cuda_ports",

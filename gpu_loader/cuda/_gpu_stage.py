@@ -211,6 +211,47 @@ class WorkerState:
             self.pending.popleft()
 
 
+def new_worker_state(ports: GpuPorts) -> WorkerState:
+    """A new stream and decoder; when the state is dropped, its last kernels are waited for."""
+    state = WorkerState(ports.runtime.new_stream(), ports.make_decoder())
+    weakref.finalize(state, _drain, state.pending)
+    return state
+
+
+class WorkerPool:
+    """Worker states kept from one epoch to the next.
+
+    Each epoch's decode pipeline starts new worker threads, and a new nvImageCodec decoder
+    took about a second on an H100 (seen as a one-second batch at every epoch start).
+    A state is only ever used by one thread at a time: a worker takes one when it starts,
+    and it comes back once that thread has ended.
+    """
+
+    def __init__(self, ports: GpuPorts) -> None:
+        self.ports = ports
+        self.created = 0
+        """States made so far (the rest of the acquisitions reused one)."""
+        self._idle: list[WorkerState] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> WorkerState:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.created += 1
+        return new_worker_state(self.ports)
+
+    def give_back(self, state: WorkerState) -> None:
+        """Return a state whose thread has ended (or will never use it again)."""
+        with self._lock:
+            self._idle.append(state)
+
+    def clear(self) -> None:
+        """Drop the idle states (their finalizers wait for their last kernels)."""
+        with self._lock:
+            self._idle.clear()
+
+
 def _drain(pending: collections.deque[tuple[Event, list[object]]]) -> None:
     # Runs when a worker's state is dropped: its last kernels may still read the images.
     while pending:
@@ -243,9 +284,7 @@ class GpuBatchStage:
         self.max_pixels = max_pixels
 
     def worker_init(self) -> WorkerState:
-        state = WorkerState(self.ports.runtime.new_stream(), self.ports.make_decoder())
-        weakref.finalize(state, _drain, state.pending)
-        return state
+        return new_worker_state(self.ports)
 
     def handoff(self, batch: GpuBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return handoff(batch)
