@@ -75,21 +75,21 @@ def make_index(data: Path, scenario: str) -> Any:
     return SlowReads(index) if scenario == "reads" else index
 
 
-def make_loader(data: Path, system: str, scenario: str = "decode") -> Any:
+def make_loader(data: Path, system: str, scenario: str = "decode", batch: int = BATCH) -> Any:
     import gpu_loader as gl
 
     cost = system == "straggler_cost"
     return gl.ImageLoader(
         make_index(data, scenario),
-        batch_size=BATCH,
+        batch_size=batch,
         transform=gl.ops.TrainTransform(SIZE),
         batching="straggler" if cost else system,
         seed=0,
-        options=gl.LoaderOptions(monitor_gpu=False, cost_lookahead=BATCH if cost else 0),
+        options=gl.LoaderOptions(monitor_gpu=False, cost_lookahead=batch if cost else 0),
     )
 
 
-def make_dataloader(data: Path, scenario: str) -> Iterable[Any]:
+def make_dataloader(data: Path, scenario: str, batch: int = BATCH) -> Iterable[Any]:
     import torch.utils.data as tud
     from gpu_loader.benchmarks.cpu_loaders import FastSample, collate, list_files
 
@@ -102,7 +102,7 @@ def make_dataloader(data: Path, scenario: str) -> Iterable[Any]:
     files, labels = list_files(data)
     return tud.DataLoader(
         Sample(files, labels, "train"),
-        batch_size=BATCH,
+        batch_size=batch,
         shuffle=True,
         num_workers=2,
         collate_fn=collate,
@@ -110,9 +110,9 @@ def make_dataloader(data: Path, scenario: str) -> Iterable[Any]:
     )
 
 
-def calibrate(data: Path, epochs: int, scenario: str) -> dict[str, Any]:
+def calibrate(data: Path, epochs: int, scenario: str, batch: int = BATCH) -> dict[str, Any]:
     """Loader throughput with no consumer wait, and the total read + decode time."""
-    loader = make_loader(data, "ordered", scenario)
+    loader = make_loader(data, "ordered", scenario, batch)
     start = time.perf_counter()
     images = 0
     with loader:
@@ -161,15 +161,17 @@ def consume(batches: Iterable[Any], step_s: float) -> dict[str, float]:
     return {"epoch_s": total, "stall_s": waited, "batches": count, "startup_s": startup}
 
 
-def worker(system: str, data: Path, step_s: float, epochs: int, scenario: str) -> dict[str, Any]:
+def worker(
+    system: str, data: Path, step_s: float, epochs: int, scenario: str, batch: int = BATCH
+) -> dict[str, Any]:
     epochs_out = []
     moved: list[dict[str, float]] = []
     if system == "dataloader_w2":
-        loader: Any = make_dataloader(data, scenario)
+        loader: Any = make_dataloader(data, scenario, batch)
         for _ in range(epochs):
             epochs_out.append(consume(loader, step_s))
     else:
-        loader = make_loader(data, system, scenario)
+        loader = make_loader(data, system, scenario, batch)
         with loader:
             for epoch in range(epochs):
                 loader.set_epoch(epoch)
@@ -217,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
     parser.add_argument("--quick", action="store_true", help="200 images, 1 epoch")
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=BATCH,
+        help=f"batch size (default: {BATCH}); see the README on why it matters here",
+    )
+    parser.add_argument(
         "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which to run"
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -224,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        result = worker(args.worker, args.data, args.step_s, args.epochs, args.scenario)
+        result = worker(
+            args.worker, args.data, args.step_s, args.epochs, args.scenario, args.batch_size
+        )
         print(json.dumps(result))
         return 0
 
@@ -248,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, Any] = {}
     for scenario in args.scenarios:
         print(f"[calibrate] {scenario}: loader alone ...", file=sys.stderr, flush=True)
-        cal = calibrate(data, 1, scenario)
+        cal = calibrate(data, 1, scenario, args.batch_size)
         need = cal["img_per_s"] / HEADROOM  # the consumer needs 10% less than the loader gives
-        step_s = BATCH / need
-        batches = -(-num // BATCH)
+        step_s = args.batch_size / need
+        batches = -(-num // args.batch_size)
         ideal = max(cal["compute_s_per_epoch"] / cal["threads"], (batches - 1) * step_s)
         runs[scenario] = {"calibration": cal, "step_s": step_s, "ideal_epoch_s": ideal}
         for system in SYSTEMS:
@@ -270,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(epochs),
                     "--scenario",
                     scenario,
+                    "--batch-size",
+                    str(args.batch_size),
                 ]
             )
             row = {"scenario": scenario, "system": system, "peak_pss_mb": pss, **result}
@@ -311,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "stragglers",
         {
             "dataset": {"path": str(data), "images": num, "heavy_fraction": 0.1},
-            "batch_size": BATCH,
+            "batch_size": args.batch_size,
             "epochs": epochs,
             "slow_read_s": SLOW_READ_S,
             "scenarios": runs,
