@@ -28,13 +28,16 @@ from gpu_loader.batching import (
 )
 from gpu_loader.batching._ledger import Ledger
 from gpu_loader.ops import load_into
-from gpu_loader.pipeline import FailureRecord, PipelineBuilder, SlowLane
+from gpu_loader.pipeline import IDLE, FailureRecord, PipelineBuilder, SlowLane
 from gpu_loader.sources import sample_rng
 
 if TYPE_CHECKING:
     import torch
 
     from gpu_loader.loader import FailedSample, ImageLoader
+
+IDLE_TICK_S = 0.05
+"""How often the batcher thread checks for failures while no sample completes."""
 
 
 @dataclass
@@ -364,14 +367,16 @@ class CpuEpoch(EpochBase):
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         with self.pipeline:
-            stream = iter(self.pipeline)
+            # Idle ticks: a failure noted after the last completion must still reach the
+            # batcher, or a window full of samples waiting for it would never move.
+            stream = self.pipeline.iterate(idle_s=IDLE_TICK_S)
             self.former = threading.Thread(
                 target=self.form, args=(stream,), name="gpu_loader-batcher", daemon=True
             )
             self.former.start()
             yield
 
-    def form(self, stream: Iterator[Task]) -> None:
+    def form(self, stream: Iterator[Any]) -> None:
         """The batcher thread: feed completions to the batcher, assemble what it emits.
 
         Draining the pipeline here, not in the training loop's thread, lets the read and
@@ -386,7 +391,8 @@ class CpuEpoch(EpochBase):
         try:
             for task in stream:
                 self.drain_failures()
-                batcher.push(task.position, task.out)
+                if task is not IDLE:
+                    batcher.push(task.position, task.out)
                 # Straggler mode moves samples only when the training loop has nothing
                 # queued: while it has, waiting for a straggler costs it nothing, and an
                 # unmoved batch is built without copies (see `_straggler_rows`).

@@ -20,9 +20,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpu_loader._epoch import EpochBase, Task, as_failed, task_key
+from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
-from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
+from gpu_loader.pipeline import IDLE, OutputOrder, PipelineBuilder, PipelineFailure
 
 if TYPE_CHECKING:
     import torch
@@ -127,9 +127,12 @@ class GpuEpoch(EpochBase):
     def formed_batches(self) -> Iterator[list[FetchedSample]]:
         batcher = self.batcher
         with self.fetch_pipeline:
-            for sample in self.fetch_pipeline:
+            # Idle ticks: a failure noted after the last fetch completed must still reach
+            # the batcher (see EpochBase.form).
+            for sample in self.fetch_pipeline.iterate(idle_s=IDLE_TICK_S):
                 self.drain_failures()
-                batcher.push(sample.position, sample)
+                if sample is not IDLE:
+                    batcher.push(sample.position, sample)
                 while (batch := batcher.pop()) is not None:
                     yield list(batch.items)
             self.drain_failures()

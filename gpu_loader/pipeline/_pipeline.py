@@ -26,6 +26,24 @@ from ._stats import PipelineStats, WorkerCounters, find_bottleneck
 _ids = itertools.count(1)
 
 
+class _Idle:
+    """The type of :data:`IDLE`."""
+
+    _instance: _Idle | None = None
+
+    def __new__(cls) -> _Idle:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "IDLE"
+
+
+IDLE = _Idle()
+"""Yielded by ``Pipeline.iterate(idle_s=...)`` when no output arrived for ``idle_s`` seconds."""
+
+
 class _Core:
     """Stages, channels and runtime of one pipeline; never references the Pipeline."""
 
@@ -163,6 +181,17 @@ class Pipeline:
 
         A pipeline is single-pass: leaving the loop early (break, exception) closes it.
         """
+        return self.iterate()
+
+    def iterate(self, *, idle_s: float | None = None) -> Iterator[Any]:
+        """Like ``iter(pipeline)``; with ``idle_s``, also yield :data:`IDLE` each time no
+        output has arrived for ``idle_s`` seconds.
+
+        For a consumer that must act on events outside the stream (a failure noted by an
+        op that produced no output, say) while it waits for the next output.
+        """
+        if idle_s is not None and not idle_s > 0:
+            raise ValueError(f"`idle_s` must be > 0 or None, got {idle_s!r}")
         with self._lock:
             if self._state == "closed":
                 raise RuntimeError("this pipeline is closed (single pass); build a new one")
@@ -170,9 +199,9 @@ class Pipeline:
                 raise RuntimeError("this pipeline is already being iterated (single consumer)")
             self._iterating = True
         self.start()
-        return self._iterate()
+        return self._iterate(idle_s)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, idle_s: float | None) -> Iterator[Any]:
         core = self._core
         rt, sink, add = core.rt, core.sink, core.consumer.add_task
         stopping, occupancy, data_get, credit_back = (
@@ -181,15 +210,21 @@ class Pipeline:
             sink.data.get,
             sink.credits.put,
         )
+        poll = POLL_S if idle_s is None else min(POLL_S, idle_s)
+        last = time.monotonic()
         try:
             while True:
                 if stopping():
                     break
                 occ = occupancy()
                 try:
-                    item = data_get(timeout=POLL_S)
+                    item = data_get(timeout=poll)
                 except queue.Empty:
+                    if idle_s is not None and time.monotonic() - last >= idle_s:
+                        last = time.monotonic()
+                        yield IDLE
                     continue
+                last = time.monotonic()
                 credit_back(None)
                 if item is EOS:
                     break

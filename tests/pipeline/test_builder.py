@@ -18,7 +18,7 @@ def ident(x: Any) -> Any:
 def test_public_names_are_sorted_and_exact() -> None:
     assert pipeline_pkg.__all__ == sorted(pipeline_pkg.__all__)
     assert set(pipeline_pkg.__all__) == {
-        "FailureRecord", "LaneThreshold", "OutputOrder", "Pipeline", "PipelineBuilder",
+        "FailureRecord", "IDLE", "LaneThreshold", "OutputOrder", "Pipeline", "PipelineBuilder",
         "PipelineFailure", "PipelineStats", "SKIP", "SlowLane", "StageStats",
     }  # fmt: skip
     assert repr(SKIP) == "SKIP"

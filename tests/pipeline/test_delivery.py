@@ -182,3 +182,33 @@ def test_worker_init_runs_once_per_worker_thread(order: str) -> None:
     assert sorted(x for x, _ in out) == list(range(40))
     assert all(same_thread for _, same_thread in out)
     assert len(inits) == 3 and len(set(inits)) == 3
+
+
+def test_iterate_with_idle_ticks_yields_idle_while_nothing_arrives() -> None:
+    from gpu_loader.pipeline import IDLE
+
+    gate = threading.Event()
+
+    def op(x: int) -> int:
+        if x == 2:
+            gate.wait(5)  # held until the consumer has seen idle ticks
+        return x
+
+    p = PipelineBuilder().add_source(range(4)).pipe(op, concurrency=1).add_sink(2).build()
+    seen: list[Any] = []
+    with p:
+        for item in p.iterate(idle_s=0.02):
+            seen.append(item)
+            if sum(i is IDLE for i in seen) == 3:
+                gate.set()
+    outputs = [i for i in seen if i is not IDLE]
+    assert outputs == [0, 1, 2, 3]  # every output, in order, exactly once
+    idle_at = [k for k, item in enumerate(seen) if item is IDLE]
+    assert len(idle_at) >= 3 and seen.index(2) > idle_at[2]  # ticks came while 2 was held
+    assert repr(IDLE) == "IDLE"
+
+
+def test_iterate_refuses_a_bad_idle_interval() -> None:
+    p = PipelineBuilder().add_source(range(2)).pipe(lambda x: x).add_sink(1).build()
+    with p, pytest.raises(ValueError, match="idle_s"):
+        p.iterate(idle_s=0)

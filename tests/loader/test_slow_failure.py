@@ -1,0 +1,97 @@
+"""A sample that fails only after every other sample in the window has completed.
+
+The batcher learns of failures between completions. When the failing sample is the last
+event (a remote read that times out, say), no completion follows it: before the engine's
+idle ticks the batcher never heard of it, the window stayed full, and the loader hung.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import gpu_loader as gl
+from gpu_loader.cuda import standin_ports
+from gpu_loader.ops import EvalTransform
+from gpu_loader.sources import FileList
+
+SLOW = 5  # the index that fails, late
+DELAY_S = 0.4  # long enough for the other samples to fill the window
+
+
+class FailsLate:
+    """Delegates to `inner`; reading sample SLOW waits, then raises OSError."""
+
+    def __init__(self, inner: FileList) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def _maybe_fail(self, i: int) -> None:
+        if i == SLOW:
+            time.sleep(DELAY_S)
+            raise OSError(f"read of sample {i} timed out")
+
+    def read(self, i: int) -> bytes:
+        self._maybe_fail(i)
+        return bytes(self.inner.read(i))
+
+    def readinto(self, i: int, buf: Any) -> int:
+        self._maybe_fail(i)
+        return int(self.inner.readinto(i, buf))
+
+
+def run_to_end(loader: gl.ImageLoader, limit_s: float = 30.0) -> list[int]:
+    """Every label the loader delivers; fails (instead of hanging the suite) after limit_s."""
+    labels: list[int] = []
+    error: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            labels.extend(int(v) for _, y in loader for v in y)
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), "the loader hung on a sample that failed last"
+    if error:
+        raise error[0]
+    return labels
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_late_failure_neither_hangs_nor_loses_samples(
+    unique_list: FileList, batching: str, path: str
+) -> None:
+    options = gl.LoaderOptions(monitor_gpu=False)
+    if path == "gpu":
+        options = gl.LoaderOptions(
+            monitor_gpu=False, decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20
+        )
+    loader = gl.ImageLoader(
+        FailsLate(unique_list),  # type: ignore[arg-type]
+        batch_size=4,  # a window of 4 * (2 + 2 + 1) = 20 samples, far fewer than 48
+        transform=EvalTransform(32),
+        shuffle=False,
+        batching=batching,  # type: ignore[arg-type]
+        max_failures=None,
+        options=options,
+    )
+    with loader:
+        labels = run_to_end(loader)
+        failed = loader.failed_samples()
+    expected = Counter(int(v) for i, v in enumerate(unique_list.labels) if i != SLOW)
+    assert Counter(labels) == expected
+    assert [f.key for f in failed] == [unique_list.key(SLOW)]
+    assert "timed out" in failed[0].error
