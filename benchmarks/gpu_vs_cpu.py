@@ -79,7 +79,9 @@ class _Task:
     key: str
 
 
-def iter_stage_cuda(data: Path, epochs: int) -> Iterator[tuple[Any, Any]]:
+def iter_stage_cuda(
+    data: Path, epochs: int, fetch_threads: int = 8, workers: int = 2
+) -> Iterator[tuple[Any, Any]]:
     import numpy as np
 
     from gpu_loader.cuda import GpuBatchStage, GpuFetcher, PinnedArena, cuda_ports, handoff
@@ -99,9 +101,9 @@ def iter_stage_cuda(data: Path, epochs: int) -> Iterator[tuple[Any, Any]]:
     pipeline = (
         PipelineBuilder()
         .add_source(tasks)
-        .pipe(fetcher, concurrency=8, name="fetch", output_order="completion")
+        .pipe(fetcher, concurrency=fetch_threads, name="fetch", output_order="completion")
         .aggregate(BATCH)
-        .pipe(stage, concurrency=2, name="gpu_batch", worker_init=stage.worker_init)
+        .pipe(stage, concurrency=workers, name="gpu_batch", worker_init=stage.worker_init)
         .add_sink(buffer_size=3)
         .build()
     )
@@ -180,6 +182,11 @@ RUNNERS: dict[str, Callable[[Path, int], Iterable[tuple[Any, Any]]]] = {
 
 def measure(system: str, data: Path, epochs: int) -> dict[str, Any]:
     """img/s and mean GPU utilisation over the passes after the first."""
+    return time_after_first_pass(RUNNERS[system](data, max(2, epochs)), data)
+
+
+def time_after_first_pass(batches: Iterable[tuple[Any, Any]], data: Path) -> dict[str, Any]:
+    """Consume ``batches`` (several passes over ``data``); time those after the first."""
     import torch
 
     from gpu_loader.sources import ImageFolder
@@ -187,7 +194,7 @@ def measure(system: str, data: Path, epochs: int) -> dict[str, Any]:
     warmup = len(ImageFolder(data))  # images in the first pass (its last batch may be short)
     seen = images = 0
     t0 = 0.0
-    iterator = iter(RUNNERS[system](data, max(2, epochs)))
+    iterator = iter(batches)
     with NvmlUtilisation() as util:
         for batch, _ in iterator:
             n = int(batch.shape[0])

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 # name -> does it apply on this machine? (None = yes, else the reason it does not)
-BENCHMARKS = ("cpu_loaders", "pipeline_overhead", "stragglers", "gpu_vs_cpu")
+BENCHMARKS = ("cpu_loaders", "pipeline_overhead", "stragglers", "gpu_vs_cpu", "gpu_profile")
 
 
 def applies(name: str) -> str | None:
     """None when benchmark `name` can run here, else why not."""
-    if name == "gpu_vs_cpu":
+    if name.startswith("gpu_"):
         from gpu_loader.cuda import cuda_available
 
         if not cuda_available():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_vs_cpu.py without a GPU: says it needs one, exits 0, writes nothing."""
+"""The GPU benchmarks without a GPU: each says it needs one, exits 0, writes nothing."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from gpu_loader.cuda import cuda_available
 
 
 @pytest.mark.skipif(cuda_available(), reason="a GPU is present: the benchmark would run")
-def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path: Path) -> None:
-    out = tmp_path / "gpu_vs_cpu.json"
+@pytest.mark.parametrize(
+    ("module", "args"), [("gpu_vs_cpu", ["--quick"]), ("gpu_profile", ["--sections", "decode"])]
+)
+def test_gpu_benchmark_exits_cleanly_without_a_gpu(
+    tmp_path: Path, module: str, args: list[str]
+) -> None:
+    out = tmp_path / f"{module}.json"
     result = subprocess.run(
-        [sys.executable, "-m", "gpu_loader.benchmarks.gpu_vs_cpu", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"gpu_loader.benchmarks.{module}", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=60,
