@@ -118,6 +118,7 @@ class EpochBase:
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
+        self.stopped_because: str | None = None
 
     # -- feeding -------------------------------------------------------------------------
     def source(self) -> Iterator[Task]:
@@ -194,9 +195,15 @@ class EpochBase:
         try:
             with self.running():
                 while True:
+                    self.check_not_stopped()
                     with monitor.waiting():
-                        produced = self.next_batch()
+                        try:
+                            produced = self.next_batch()
+                        except Exception:
+                            self.check_not_stopped()  # a stopped epoch's own error is noise
+                            raise
                     if produced is None:
+                        self.check_not_stopped()  # not a quiet, truncated epoch
                         break
                     images, labels, positions = produced
                     self.received.delivered(positions)
@@ -210,6 +217,13 @@ class EpochBase:
             if progress is not None:
                 progress.close(loader.stats())
             self.close()
+
+    def check_not_stopped(self) -> None:
+        if self.stopped_because is not None:
+            raise RuntimeError(
+                f"this epoch's iterator was stopped: {self.stopped_because}. An ImageLoader "
+                "runs one epoch at a time; iterate it again (after set_epoch) for the next"
+            )
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Context manager that starts the pipelines and stops them on exit."""
@@ -230,7 +244,11 @@ class EpochBase:
         """Stop and join this epoch's threads."""
         raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
+        """Stop the pipelines. ``reason`` (why, for a training loop still holding this
+        epoch's iterator) makes that iterator raise it instead of ending quietly."""
+        if reason is not None and self.stopped_because is None and not self.finished:
+            self.stopped_because = reason
         if self._closed:
             return
         self._closed = True

@@ -147,7 +147,9 @@ class ImageLoader:
     ...     for images, labels in loader:
     ...         ...
 
-    Without `set_epoch`, each completed pass moves on to the next epoch by itself.
+    Without `set_epoch`, each completed pass moves on to the next epoch by itself. One
+    epoch runs at a time: starting a new iteration (or `close()`, `load_state_dict()`)
+    stops the running one, whose iterator then raises a RuntimeError saying so.
     """
 
     def __init__(
@@ -198,6 +200,10 @@ class ImageLoader:
                 f"`cost_lookahead` must be at most batch_size * (prefetch_batches + "
                 f"max_delay_batches) = {most}, got {opts.cost_lookahead}: a larger block "
                 "could fill the in-flight window without completing a batch"
+            )
+        if len(source) == 0:
+            raise ValueError(
+                f"{source!r} has no samples to load (an empty folder, list or shard set?)"
             )
         self.device = _resolve_device(device)
         self.sampler = Sampler(
@@ -251,7 +257,7 @@ class ImageLoader:
             self.sampler.set_epoch(self.sampler.epoch + 1)
         self._epoch_done = False
         self._explicit_epoch = False
-        self._stop_epoch()
+        self._stop_epoch("a new iteration over the loader started")
         epoch: EpochBase
         if self._decode_on_gpu():
             from gpu_loader._gpu_epoch import GpuEpoch
@@ -293,7 +299,7 @@ class ImageLoader:
                     f"state was saved with {name}={state.get(name)!r} but this loader has "
                     f"{name}={getattr(self, name)!r}; build the loader with the same settings"
                 )
-        self._stop_epoch()
+        self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._epoch_done = bool(state.get("epoch_done", False))
         self._explicit_epoch = False
@@ -326,7 +332,7 @@ class ImageLoader:
 
         The loader stays usable: the next iteration starts new threads.
         """
-        self._stop_epoch()
+        self._stop_epoch("ImageLoader.close() was called")
         if self._gpu_worker_pool is not None:  # the decoders' device memory goes too
             self._gpu_worker_pool.clear()
         if self._logger is not None:
@@ -347,10 +353,10 @@ class ImageLoader:
         with contextlib.suppress(Exception):
             self.close()
 
-    def _stop_epoch(self) -> None:
+    def _stop_epoch(self, reason: str | None = None) -> None:
         active = self._epoch()
         if active is not None:
-            active.close()
+            active.close(reason)
 
     def _epoch(self) -> EpochBase | None:
         return self._active() if self._active is not None else None

@@ -1,8 +1,12 @@
-"""A sample that fails only after every other sample in the window has completed.
+"""Epochs under events from outside the happy path, on both paths and batching modes.
 
-The batcher learns of failures between completions. When the failing sample is the last
-event (a remote read that times out, say), no completion follows it: before the engine's
-idle ticks the batcher never heard of it, the window stayed full, and the loader hung.
+- A sample that fails only after every other sample in the window has completed. The
+  batcher learns of failures between completions; when the failing sample is the last
+  event (a remote read that times out, say), no completion follows it: before the
+  engine's idle ticks the batcher never heard of it, the window stayed full, and the
+  loader hung.
+- An epoch's iterator stopped from outside (a new iteration, close()) says why.
+- An empty source is refused when the loader is made.
 """
 
 from __future__ import annotations
@@ -95,3 +99,36 @@ def test_a_late_failure_neither_hangs_nor_loses_samples(
     assert Counter(labels) == expected
     assert [f.key for f in failed] == [unique_list.key(SLOW)]
     assert "timed out" in failed[0].error
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+@pytest.mark.parametrize(
+    ("stop", "reason"),
+    [
+        (lambda loader: iter(loader), "a new iteration over the loader started"),
+        (lambda loader: loader.close(), r"ImageLoader.close\(\) was called"),
+    ],
+)
+def test_an_iterator_stopped_from_outside_says_why(
+    unique_list: FileList, path: str, stop: Any, reason: str
+) -> None:
+    # One epoch runs at a time; the old iterator must not end quietly with part of the
+    # epoch (the GPU path did), nor fail with an internal error (the CPU path did).
+    options = gl.LoaderOptions(monitor_gpu=False)
+    if path == "gpu":
+        options = gl.LoaderOptions(
+            monitor_gpu=False, decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20
+        )
+    loader = gl.ImageLoader(unique_list, batch_size=4, transform=EvalTransform(32), options=options)
+    first = iter(loader)
+    next(first)
+    stop(loader)
+    with pytest.raises(RuntimeError, match=f"iterator was stopped: {reason}"):
+        next(first)
+    assert sum(len(y) for _, y in loader) == len(unique_list)  # the loader goes on
+    loader.close()
+
+
+def test_an_empty_source_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="has no samples to load"):
+        gl.ImageLoader(FileList([]), batch_size=4, transform=EvalTransform(32))
