@@ -108,6 +108,7 @@ def test_a_late_failure_neither_hangs_nor_loses_samples(
         (lambda loader: iter(loader), "a new iteration over the loader started"),
         (lambda loader: loader.close(), r"ImageLoader.close\(\) was called"),
     ],
+    ids=["new-iteration", "close"],
 )
 def test_an_iterator_stopped_from_outside_says_why(
     unique_list: FileList, path: str, stop: Any, reason: str
