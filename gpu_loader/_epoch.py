@@ -191,7 +191,7 @@ class EpochBase:
         """The generator the training loop iterates."""
         loader = self.loader
         monitor = loader._monitor_for_epoch()
-        progress = loader._make_progress(len(self.todo))
+        progress = loader._make_progress(len(self.todo), monitor)
         try:
             with self.running():
                 while True:

@@ -375,10 +375,11 @@ class ImageLoader:
         return self._monitor
 
     # -- called by the epochs -------------------------------------------------------------
-    def _make_progress(self, samples: int) -> ProgressReporter | None:
+    def _make_progress(self, samples: int, monitor: Monitor) -> ProgressReporter | None:
         if not self.options.progress:
             return None
-        return ProgressReporter(samples, desc=f"epoch {self.epoch}")
+        # The monitor counts samples over every epoch; this bar counts this epoch's.
+        return ProgressReporter(samples, desc=f"epoch {self.epoch}", start=monitor.rate.samples)
 
     def _pin_batches(self) -> bool:
         """Pin CPU batches that will be copied to a CUDA device (faster, asynchronous)."""

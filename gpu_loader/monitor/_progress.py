@@ -44,10 +44,15 @@ class ProgressReporter:
         min_interval_s: float = 0.5,
         file: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        start: int = 0,
     ) -> None:
         if total is not None and (isinstance(total, bool) or total < 0):
             raise ValueError(f"`total` must be None or an int >= 0, got {total!r}")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"`start` must be an int >= 0, got {start!r}")
         self.total = total
+        self.start = start
+        """``stats.samples`` when this bar began: a loader's stats count every epoch."""
         self.desc = desc
         self.unit = unit
         self.min_interval_s = check_interval("min_interval_s", min_interval_s)
@@ -92,7 +97,7 @@ class ProgressReporter:
         self._last = self._clock()
         if self._bar is None:
             self._bar = self._make_bar()
-        delta = stats.samples - int(self._bar.n)
+        delta = stats.samples - self.start - int(self._bar.n)
         self._bar.set_postfix_str(progress_postfix(stats, self.unit), refresh=False)
         if delta > 0:
             self._bar.update(delta)

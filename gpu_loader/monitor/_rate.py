@@ -74,6 +74,12 @@ class RateMeter:
             while self._recent and self._recent[0][0] <= horizon:
                 self._recent.popleft()
 
+    @property
+    def samples(self) -> int:
+        """Samples recorded so far."""
+        with self._lock:
+            return self._samples
+
     def snapshot(self) -> RateSnapshot:
         """Totals and rates now."""
         now = self._clock()

@@ -1,4 +1,4 @@
-"""Epochs under events from outside the happy path, on both paths and batching modes.
+"""Epochs off the happy path, on both paths and batching modes.
 
 - A sample that fails only after every other sample in the window has completed. The
   batcher learns of failures between completions; when the failing sample is the last
@@ -7,6 +7,7 @@
   loader hung.
 - An epoch's iterator stopped from outside (a new iteration, close()) says why.
 - An empty source is refused when the loader is made.
+- Each epoch's progress bar counts that epoch, not the loader's running total.
 """
 
 from __future__ import annotations
@@ -133,3 +134,22 @@ def test_an_iterator_stopped_from_outside_says_why(
 def test_an_empty_source_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ValueError, match="has no samples to load"):
         gl.ImageLoader(FileList([]), batch_size=4, transform=EvalTransform(32))
+
+
+def test_each_epochs_progress_bar_counts_that_epoch(
+    unique_list: FileList, capsys: pytest.CaptureFixture[str]
+) -> None:
+    n = len(unique_list)
+    loader = gl.ImageLoader(
+        unique_list,
+        batch_size=8,
+        transform=EvalTransform(32),
+        options=gl.LoaderOptions(monitor_gpu=False, progress=True),
+    )
+    with loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert sum(len(y) for _, y in loader) == n
+    err = capsys.readouterr().err
+    second = err[err.index("epoch 1") :]
+    assert f"{n}/{n}" in second and f"{2 * n}" not in second  # not the running total

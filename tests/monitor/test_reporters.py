@@ -57,7 +57,19 @@ def test_progress_without_total_shows_the_count() -> None:
     assert "demo: 64 img" in out.getvalue()
 
 
+def test_progress_counts_from_its_start() -> None:
+    # A loader's stats count every epoch: the second epoch's bar starts at 1000, not 0.
+    out = io.StringIO()
+    with ProgressReporter(total=1000, file=out, desc="epoch 1", start=1000) as reporter:
+        reporter.update(make_stats(samples=1064))
+        reporter.update(make_stats(samples=2000))
+    text = out.getvalue()
+    assert "64/1000" in text and "1000/1000" in text and "2000" not in text
+
+
 def test_progress_validates() -> None:
+    with pytest.raises(ValueError, match="start"):
+        ProgressReporter(start=-1)
     with pytest.raises(ValueError, match="total"):
         ProgressReporter(total=-1)
     with pytest.raises(ValueError, match="min_interval_s"):
