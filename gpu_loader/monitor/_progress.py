@@ -66,9 +66,9 @@ class ProgressReporter:
         from tqdm import tqdm
 
         if self.total is None:
-            fmt = "{desc}: {n_fmt} " + self.unit + " [{elapsed}, {postfix}]"
+            fmt = "{desc}: {n_fmt} " + self.unit + " [{elapsed}{postfix}]"
         else:
-            fmt = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {postfix}]"
+            fmt = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
         return tqdm(
             total=self.total,
             desc=self.desc,
