@@ -35,6 +35,8 @@ from ._nvml_parse import aggregate, parse_memory, parse_name, parse_pcie, parse_
 from ._periodic import PeriodicThread, check_interval
 
 _log = logging.getLogger("gpu_loader.monitor")
+_warned: set[str] = set()  # reasons already logged as warnings in this process
+_warned_lock = threading.Lock()
 
 _NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED, used when the module lacks the constant
 
@@ -118,7 +120,12 @@ class NvmlSampler(PeriodicThread):
     # -- setup -------------------------------------------------------------------------
     def _unavailable(self, reason: str) -> bool:
         self._reason = reason
-        _log.warning("GPU monitoring is off: %s", reason)
+        # Once per process and reason: every loader on a machine without NVML would
+        # otherwise print it again (the stats and the report still say "no GPU").
+        with _warned_lock:
+            first = reason not in _warned
+            _warned.add(reason)
+        _log.log(logging.WARNING if first else logging.DEBUG, "GPU monitoring is off: %s", reason)
         return False
 
     def _setup(self) -> bool:

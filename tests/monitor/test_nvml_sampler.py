@@ -7,11 +7,18 @@ from collections.abc import Iterator
 
 import pytest
 
+import gpu_loader.monitor._nvml as nvml_module
 from gpu_loader.monitor import NvmlSampler
 
 from ._fakes import FakeGpu, FakeNvml, FakeNVMLError, ScriptedClock, monitor_threads, wait_until
 
 MS = 0.001
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "GPU monitoring is off" is logged as a warning once per process and reason.
+    monkeypatch.setattr(nvml_module, "_warned", set())
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +55,17 @@ def test_unavailable_says_so_once(
     messages = warnings_from(caplog)
     assert len(messages) == 1 and reason in messages[0]
     assert nvml.inits == 1
+
+
+def test_the_same_reason_warns_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    # Every loader on a machine without NVML makes a sampler; one warning is enough.
+    caplog.set_level(logging.DEBUG, logger="gpu_loader.monitor")
+    for _ in range(3):
+        with NvmlSampler(interval_s=MS, nvml=FakeNvml(init_error=FakeNVMLError(9))) as sampler:
+            assert not sampler.snapshot().available
+    assert len(warnings_from(caplog)) == 1
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 2 and all("GPU monitoring is off" in r.getMessage() for r in debug)
 
 
 def test_missing_pynvml_module_is_unavailable(
