@@ -453,14 +453,17 @@ def _resolve_device(device: str) -> torch.device:
 
     if device == "auto":
         return torch.device("cuda" if cuda_available() else "cpu")
-    resolved = torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):  # torch lists every backend it knows; say what fits
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"`device` must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
     if resolved.type == "cuda" and not cuda_available():
         raise RuntimeError(
             f"device={device!r} was asked for but no CUDA device is usable here; "
             "use device='cpu' or device='auto'"
         )
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"`device` must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
     return resolved
 
 

@@ -206,6 +206,9 @@ def test_invalid_arguments_are_clear(unique_list: FileList) -> None:
         make(unique_list, dtype="float64")
     with pytest.raises(TypeError, match="transform"):
         make(unique_list, transform=lambda x: x)
+    for device in ("tpu", "mps", 3.5):  # unknown to torch, known but unsupported, not a str
+        with pytest.raises(ValueError, match="`device` must be 'cpu', 'cuda', 'cuda:N' or 'auto'"):
+            make(unique_list, device=device)
 
 
 def test_images_match_the_per_sample_cpu_path(unique_list: FileList) -> None:
