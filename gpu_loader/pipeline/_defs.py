@@ -10,31 +10,38 @@ import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 OutputOrder = Literal["input", "completion"]
 _ORDERS = ("input", "completion")
 
 
-class _SkipType:
-    """The type of :data:`SKIP`; a single instance so ``result is SKIP`` works."""
+class _Marker:
+    """The type of the engine's markers (:data:`SKIP`, :data:`IDLE`): one instance per
+    name, so ``x is SKIP`` works, also after a copy or a pickle round trip."""
 
-    _instance: _SkipType | None = None
+    _instances: ClassVar[dict[str, _Marker]] = {}
+    _name: str
 
-    def __new__(cls) -> _SkipType:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    def __new__(cls, name: str) -> _Marker:
+        marker = cls._instances.get(name)
+        if marker is None:
+            marker = cls._instances[name] = super().__new__(cls)
+            marker._name = name
+        return marker
 
     def __repr__(self) -> str:
-        return "SKIP"
+        return self._name
 
     def __reduce__(self) -> str:
-        return "SKIP"
+        return self._name
 
 
-SKIP = _SkipType()
+SKIP = _Marker("SKIP")
 """Return this from an op to drop the item without counting a failure."""
+
+IDLE = _Marker("IDLE")
+"""Yielded by ``Pipeline.iterate(idle_s=...)`` when no output arrived for ``idle_s`` seconds."""
 
 
 @runtime_checkable

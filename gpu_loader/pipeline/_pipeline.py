@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from ._channel import EOS, POLL_S, Channel
+from ._defs import IDLE
 from ._errors import FailureRecord
 from ._pipe_stage import PipeStage
 from ._runtime import Runtime, logger
@@ -24,24 +25,6 @@ from ._stage import Stage
 from ._stats import PipelineStats, WorkerCounters, find_bottleneck
 
 _ids = itertools.count(1)
-
-
-class _Idle:
-    """The type of :data:`IDLE`."""
-
-    _instance: _Idle | None = None
-
-    def __new__(cls) -> _Idle:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "IDLE"
-
-
-IDLE = _Idle()
-"""Yielded by ``Pipeline.iterate(idle_s=...)`` when no output arrived for ``idle_s`` seconds."""
 
 
 class _Core:
