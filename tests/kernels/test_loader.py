@@ -163,6 +163,19 @@ def test_cuda_launcher_uses_the_given_stream(fake_cupy: Any) -> None:
     assert stream.entered == 1
 
 
+def launch_on_foreign_streams() -> None:
+    """One 2x2 launch on a torch-like stream (`cuda_stream` 0, the legacy default) and
+    one on a wrapper exposing `ptr` 77."""
+    out = np.zeros((1, 3, 2, 2), np.float32)
+    src = np.zeros((2, 6), np.uint8)
+    image = [(src.ctypes.data, 2, 2, 6)]
+    for handle in (types.SimpleNamespace(cuda_stream=0), types.SimpleNamespace(ptr=77)):
+        fused.launch_fused(
+            image, [(0, 0, 2, 2)], [False], out.ctypes.data, 2, 2, (0, 0, 0), (1, 1, 1),
+            "float32", handle,
+        )  # fmt: skip
+
+
 def test_cuda_launcher_wraps_a_foreign_stream_even_the_default_one(
     fake_cupy: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,14 +189,7 @@ def test_cuda_launcher_wraps_a_foreign_stream_even_the_default_one(
     fake = fused.require("cupy", "")
     monkeypatch.setattr(fake.cuda, "ExternalStream", External)
     monkeypatch.setattr(fake.cuda, "Stream", type("OtherStream", (), {}))
-    out = np.zeros((1, 3, 2, 2), np.float32)
-    src = np.zeros((2, 6), np.uint8)
-    image = [(src.ctypes.data, 2, 2, 6)]
-    for handle in (types.SimpleNamespace(cuda_stream=0), types.SimpleNamespace(ptr=77)):
-        fused.launch_fused(
-            image, [(0, 0, 2, 2)], [False], out.ctypes.data, 2, 2, (0, 0, 0), (1, 1, 1),
-            "float32", handle,
-        )  # fmt: skip
+    launch_on_foreign_streams()
     assert wrapped == [0, 77]
 
 
@@ -208,14 +214,7 @@ def test_cuda_launcher_wraps_a_foreign_stream_through_the_stream_protocol(
     fake = fused.require("cupy", "")
     monkeypatch.setattr(fake.cuda, "Stream", Stream)
     monkeypatch.setattr(fake.cuda, "ExternalStream", NoExternal)
-    out = np.zeros((1, 3, 2, 2), np.float32)
-    src = np.zeros((2, 6), np.uint8)
-    image = [(src.ctypes.data, 2, 2, 6)]
-    for handle in (types.SimpleNamespace(cuda_stream=0), types.SimpleNamespace(ptr=77)):
-        fused.launch_fused(
-            image, [(0, 0, 2, 2)], [False], out.ctypes.data, 2, 2, (0, 0, 0), (1, 1, 1),
-            "float32", handle,
-        )  # fmt: skip
+    launch_on_foreign_streams()
     assert wrapped == [(0, 0), (0, 77)]
 
 
