@@ -194,7 +194,7 @@ class Pipeline:
             sink.credits.put,
         )
         poll = POLL_S if idle_s is None else min(POLL_S, idle_s)
-        last = time.monotonic()
+        idle_since: float | None = None  # when the current run of empty polls began
         try:
             while True:
                 if stopping():
@@ -203,11 +203,15 @@ class Pipeline:
                 try:
                     item = data_get(timeout=poll)
                 except queue.Empty:
-                    if idle_s is not None and time.monotonic() - last >= idle_s:
-                        last = time.monotonic()
-                        yield IDLE
+                    if idle_s is not None:  # the clock is read only while idle
+                        now = time.monotonic()
+                        if idle_since is None:
+                            idle_since = now - poll  # this empty poll already waited
+                        if now - idle_since >= idle_s:
+                            idle_since = now
+                            yield IDLE
                     continue
-                last = time.monotonic()
+                idle_since = None
                 credit_back(None)
                 if item is EOS:
                     break
