@@ -52,7 +52,6 @@ class GpuEpoch(EpochBase):
         self.ports = opts.gpu_ports if opts.gpu_ports is not None else _cuda_ports(loader)
         self.arena = loader._gpu_arena(self.ports)
         self.workers = loader._gpu_workers(self.ports)
-        self.leased: list[tuple[threading.Thread, WorkerState]] = []
         self.gpu_failures: list[FailedSample] = []
         self.gpu_failures_lock = threading.Lock()
         self.samples_done = 0
@@ -109,19 +108,12 @@ class GpuEpoch(EpochBase):
                 output_order="input",
                 max_failures=loader.max_failures,
                 key_fn=_batch_key,
-                worker_init=self.lease_worker,
+                worker_init=self.workers.acquire,
             )
             .add_sink(buffer_size=opts.prefetch_batches)
             .build()
         )
         self.stream: Iterator[GpuBatch] | None = None
-
-    def lease_worker(self) -> WorkerState:
-        """A decode worker's state: one from an earlier epoch when there is one."""
-        state = self.workers.acquire()
-        with self.gpu_failures_lock:
-            self.leased.append((threading.current_thread(), state))
-        return state
 
     # -- the decode pipeline's source thread: the batcher ------------------------------
     def formed_batches(self) -> Iterator[list[FetchedSample]]:
@@ -221,12 +213,7 @@ class GpuEpoch(EpochBase):
         # The fetch pipeline first: the decode pipeline's source thread iterates it.
         self.fetch_pipeline.close()
         self.decode_pipeline.close()
-        # Only states whose thread has ended go back (a stuck thread keeps its own).
-        with self.gpu_failures_lock:
-            leased, self.leased = self.leased, []
-        for thread, state in leased:
-            if not thread.is_alive():
-                self.workers.give_back(state)
+        self.workers.reclaim()  # the workers have joined: their states can serve again
         # Slices of samples dropped in queues never reached the stage that releases them;
         # every worker has joined, so none can still be read.
         self.arena.reset()

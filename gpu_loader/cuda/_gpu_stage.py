@@ -223,8 +223,9 @@ class WorkerPool:
 
     Each epoch's decode pipeline starts new worker threads, and a new nvImageCodec decoder
     took about a second on an H100 (seen as a one-second batch at every epoch start).
-    A state is only ever used by one thread at a time: a worker takes one when it starts,
-    and it comes back once that thread has ended.
+    A state is only ever used by one thread at a time: a worker takes one when it starts
+    (``acquire``, its ``worker_init``), and ``reclaim`` takes it back once that thread has
+    ended (a thread still alive, stuck, keeps its own).
     """
 
     def __init__(self, ports: GpuPorts) -> None:
@@ -232,19 +233,27 @@ class WorkerPool:
         self.created = 0
         """States made so far (the rest of the acquisitions reused one)."""
         self._idle: list[WorkerState] = []
+        self._leased: list[tuple[threading.Thread, WorkerState]] = []
         self._lock = threading.Lock()
 
     def acquire(self) -> WorkerState:
+        """A state for the calling worker thread: an idle one, else a new one."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            self.created += 1
-        return new_worker_state(self.ports)
+            state = self._idle.pop() if self._idle else None
+            if state is None:
+                self.created += 1
+        if state is None:
+            state = new_worker_state(self.ports)
+        with self._lock:
+            self._leased.append((threading.current_thread(), state))
+        return state
 
-    def give_back(self, state: WorkerState) -> None:
-        """Return a state whose thread has ended (or will never use it again)."""
+    def reclaim(self) -> None:
+        """Make the states of ended threads idle again (call after joining the workers)."""
         with self._lock:
-            self._idle.append(state)
+            still = [(t, s) for t, s in self._leased if t.is_alive()]
+            self._idle += [s for t, s in self._leased if not t.is_alive()]
+            self._leased = still
 
     def clear(self) -> None:
         """Drop the idle states (their finalizers wait for their last kernels)."""
