@@ -170,6 +170,17 @@ class PinnedArena:
             self._waits += int(waited)
         return Slice(offset, size, self._buf[offset : offset + size], self, self._generation)
 
+    def try_acquire(self, nbytes: int, *, key: str = "?") -> Slice | None:
+        """A slice of at least ``nbytes`` bytes if there is room now, else None (no wait).
+
+        For optional uses of the arena (decoded pixels staged for an asynchronous
+        upload): they never queue behind, or hold up, the fetches that need it.
+        """
+        try:
+            return self.acquire(nbytes, timeout=0, key=key)
+        except (TimeoutError, ArenaTooSmallError):
+            return None
+
     def release(self, piece: Slice) -> None:
         """Give a slice back; its bytes may be handed out again at once."""
         with self._cond:

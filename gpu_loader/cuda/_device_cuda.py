@@ -107,8 +107,11 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     A copy from pageable memory makes CUDA wait for the stream's earlier work (the batch
     decode) before it starts; staging through torch's caching pinned allocator does not,
     and that allocator keeps the pinned block until the copy's stream has passed it.
+    Memory that is already page-locked (the arena) is copied from directly: the caller
+    keeps it until the stream has passed the copy.
     """
-    return host.pin_memory().to(device, non_blocking=True)
+    staged = host if host.is_pinned() else host.pin_memory()
+    return staged.to(device, non_blocking=True)
 
 
 class CudaKernelLauncher:

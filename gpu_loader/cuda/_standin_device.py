@@ -13,7 +13,10 @@ of the design, recording a line in :attr:`StandinRuntime.violations` for each br
 - a read of a block whose writer has not run yet (the consumer read before the event);
 - an output block handed out again (the allocator's decision, from ``record_stream``
   as torch's caching allocator makes it) while another stream's use of it is pending;
-- a decoded image freed by its holder while an op that reads it is pending.
+- a decoded image freed by its holder while an op that reads it is pending;
+- the page-locked source of an upload changed before the copy ran (an arena slice
+  given back too early). Uploads from pageable memory copy it at once, as torch's
+  ``pin_memory()`` staging does.
 
 Blocks stay allocated while a use is pending even after a breach, so a breach is
 reported, never a crash. The emulated kernels run in whichever thread flushes a stream.
@@ -25,6 +28,7 @@ import collections
 import itertools
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -163,6 +167,7 @@ class StandinRuntime:
         self.violations: list[str] = []
         self.allocations = 0
         self.reuses = 0
+        self._pinned: list[tuple[int, int, np.ndarray]] = []
 
     # -- DeviceRuntime -----------------------------------------------------------------
     @property
@@ -189,11 +194,13 @@ class StandinRuntime:
     def upload_image(self, array: np.ndarray, stream: StandinStream) -> DeviceImage:
         import torch
 
-        host = np.ascontiguousarray(array, dtype=np.uint8)  # a copy the op keeps (pageable)
-        h, w = int(host.shape[0]), int(host.shape[1])
-        view, block = self._allocate(host.nbytes, "upload", stream)
+        h, w = int(array.shape[0]), int(array.shape[1])
+        view, block = self._allocate(h * w * 3, "upload", stream)
         tensor = self._tensor(view, torch.uint8, (h, w, 3))
-        self._copy_in(stream, block, host)
+        if self.is_pinned(array) and array.flags.c_contiguous and array.dtype == np.uint8:
+            self._copy_in_pinned(stream, block, array)  # read when the copy runs, as CUDA does
+        else:  # pageable: staged through a copy the op keeps, as torch's pin_memory() does
+            self._copy_in(stream, block, np.array(array, dtype=np.uint8, order="C", copy=True))
         return DeviceImage(view.ctypes.data, h, w, 3 * w, owner=tensor)
 
     def upload_labels(self, labels: np.ndarray, stream: StandinStream) -> torch.Tensor:
@@ -215,7 +222,16 @@ class StandinRuntime:
                 self.record_stream(tensor, current)
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, dtype=np.uint8)
+        buf = np.empty(nbytes, dtype=np.uint8)
+        with self._lock:
+            self._pinned.append((buf.ctypes.data, nbytes, buf))
+        return buf
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """True when ``array`` lies in memory from :meth:`alloc_pinned` (``is_pinned()``)."""
+        start = array.ctypes.data
+        with self._lock:
+            return any(base <= start < base + size for base, size, _ in self._pinned)
 
     # -- what torch does on CUDA, for the tests ------------------------------------------
     def current_stream(self) -> StandinStream:
@@ -389,6 +405,23 @@ class StandinRuntime:
         self.enqueue(
             stream, lambda: backing[: flat.size].__setitem__(slice(None), flat), writes=[backing]
         )
+
+    def _copy_in_pinned(self, stream: StandinStream, block: Block, host: np.ndarray) -> None:
+        """An asynchronous copy from page-locked ``host``: CUDA reads it when the copy runs,
+        so a source changed before then (an arena slice released early) is a violation."""
+        flat = host.reshape(-1)
+        crc = zlib.crc32(flat.data)
+        backing = block.backing
+
+        def copy() -> None:
+            if zlib.crc32(flat.data) != crc:
+                self._violate(
+                    f"the source of an upload on {stream.name} changed before the copy ran "
+                    "(its pinned arena slice was released too early)"
+                )
+            backing[: flat.size] = flat
+
+        self.enqueue(stream, copy, writes=[backing])
 
     def _reusable(self, nbytes: int, kind: BlockKind, stream: StandinStream) -> Block | None:
         # torch's rule: same stream, free, and every event installed at free has fired.

@@ -50,6 +50,34 @@ def test_acquire_blocks_when_full_until_a_release() -> None:
     assert arena.stats().waits == 1
 
 
+def test_try_acquire_never_waits() -> None:
+    arena = PinnedArena(4 * ALIGN)
+    held = arena.acquire(3 * ALIGN)
+    t0 = time.monotonic()
+    assert arena.try_acquire(2 * ALIGN, key="k") is None  # no room now
+    assert arena.try_acquire(5 * ALIGN, key="k") is None  # larger than the whole arena
+    assert time.monotonic() - t0 < 0.05
+    got = arena.try_acquire(ALIGN)
+    assert got is not None and got.offset == 3 * ALIGN
+    assert arena.stats().waits == 0
+    got.release()
+    held.release()
+    assert arena.stats().in_use == 0
+
+
+def test_try_acquire_does_not_jump_the_queue() -> None:
+    arena = PinnedArena(4 * ALIGN)
+    held = arena.acquire(3 * ALIGN)
+    waiting = threading.Thread(target=lambda: arena.acquire(2 * ALIGN).release())
+    waiting.start()
+    time.sleep(0.1)  # the thread now waits for room at the head of the queue
+    # One ALIGN is free, but a fetch is waiting: an optional use must not take it first.
+    assert arena.try_acquire(ALIGN) is None
+    held.release()
+    waiting.join(5)
+    assert not waiting.is_alive() and arena.stats().in_use == 0
+
+
 def test_timeout_and_stop_event() -> None:
     arena = PinnedArena(2 * ALIGN)
     held = arena.acquire(2 * ALIGN)

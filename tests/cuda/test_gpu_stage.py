@@ -106,3 +106,46 @@ def test_one_batch_decode_call_per_batch(dataset: Dataset) -> None:
     jpegs = sum(s.size is not None for s in samples)
     assert state.decoder.calls == 1  # type: ignore[attr-defined]
     assert state.decoder.sizes == [jpegs]  # type: ignore[attr-defined]
+
+
+def test_decoded_pixels_are_staged_in_the_arena_and_uploaded_from_there(
+    dataset: Dataset,
+) -> None:
+    # A PNG is decoded at fetch; its pixels go to the pinned arena so the stage's upload
+    # is an asynchronous copy from there. The arena is poisoned on release, so a slice
+    # given back before the copy ran would be reported (and the pixels would be wrong).
+    index = dataset.names.index("e.png")
+    stage, runtime = make_stage(dataset.source.labels)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True)
+    (sample,), _ = fetch_all(dataset.source, arena, [index])
+    assert sample.host is not None and sample.slice is not None
+    assert np.shares_memory(sample.host.array, sample.slice.buffer)
+    assert runtime.is_pinned(sample.host.array)
+    assert arena.stats().live_slices == 1  # the pixels only: the encoded bytes went back
+    batch = stage([sample], stage.worker_init())
+    images, _ = handoff(batch)
+    host = runtime.to_host(images).numpy()
+    assert runtime.violations == []
+    expected = reference((dataset.root / "e.png").read_bytes(), index)
+    assert np.abs(host[0] - expected).max() < 0.02
+    assert arena.stats().live_slices == 0
+
+
+def test_decoded_pixels_stay_pageable_when_the_arena_has_no_room(dataset: Dataset) -> None:
+    index = dataset.names.index("e.png")
+    stage, runtime = make_stage(dataset.source.labels)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True)
+    encoded = len((dataset.root / "e.png").read_bytes())
+    # Leave room for the encoded file only, not for its 75x75x3 pixels.
+    hog = arena.acquire(arena.capacity - encoded - 4096)
+    (sample,), _ = fetch_all(dataset.source, arena, [index])
+    assert sample.host is not None and sample.slice is None
+    assert not runtime.is_pinned(sample.host.array)
+    batch = stage([sample], stage.worker_init())
+    images, _ = handoff(batch)
+    host = runtime.to_host(images).numpy()
+    expected = reference((dataset.root / "e.png").read_bytes(), index)
+    assert np.abs(host[0] - expected).max() < 0.02
+    assert runtime.violations == []
+    hog.release()
+    assert arena.stats().in_use == 0

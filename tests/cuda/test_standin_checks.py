@@ -116,6 +116,29 @@ def test_releasing_bytes_before_the_decode_is_consumed_is_reported(dataset: Data
     assert any("released too early" in v for v in rt.violations)
 
 
+def test_changing_a_pinned_upload_source_before_the_copy_is_reported() -> None:
+    rt = StandinRuntime()
+    pinned = rt.alloc_pinned(4 * 5 * 3).reshape(4, 5, 3)
+    pinned[:] = 7
+    stream = rt.new_stream()
+    image = rt.upload_image(pinned, stream)  # reads `pinned` when the copy runs
+    pinned[:] = 0xEE  # the arena slice was given back and reused too early
+    rt.record_event(stream).synchronize()
+    assert any("changed before the copy ran" in v for v in rt.violations)
+    assert image.height == 4 and image.width == 5
+
+
+def test_a_pageable_upload_source_may_change_at_once() -> None:
+    rt = StandinRuntime()
+    pageable = np.full((4, 5, 3), 7, np.uint8)
+    stream = rt.new_stream()
+    image = rt.upload_image(pageable, stream)
+    pageable[:] = 0  # torch's pin_memory() staged a copy: the caller may reuse its array
+    rt.record_event(stream).synchronize()
+    assert rt.violations == []
+    assert isinstance(image.owner, torch.Tensor) and int(image.owner.max()) == 7
+
+
 def test_decoder_returns_none_for_undecodable_input() -> None:
     rt = StandinRuntime()
     decoder = StandinDecoder(rt)
