@@ -12,9 +12,9 @@ float32, batches of 64), each printed as a table and kept in one JSON:
 - ``sweep``: the fetch -> stage pipeline by fetch threads and workers, over ``--passes``
   passes with the first left out of the timing (it pays for the decoders' creation).
 
-The first GPU session measured the same things with scratch scripts (docs/gpu.md,
-"Measured on an H100"); this file makes them one command. It has not itself run on a GPU
-yet. Without a usable CUDA device it says so and exits 0 (nothing written).
+The first GPU session measured the same things with scratch scripts; this file makes
+them one command, and it ran on an H100 in the second (docs/gpu.md, "Measured on an
+H100"). Without a usable CUDA device it says so and exits 0 (nothing written).
 
     python benchmarks/gpu_profile.py                 # all sections, ~2 min on an H100
     python benchmarks/gpu_profile.py --sections decode sweep
