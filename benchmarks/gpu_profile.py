@@ -10,7 +10,9 @@ float32, batches of 64), each printed as a table and kept in one JSON:
   milliseconds per batch and per step (decode call, collect/uploads, launch);
 - ``kernel``: the fused kernel on one decoded batch, CUDA events over 20 launches;
 - ``sweep``: the fetch -> stage pipeline by fetch threads and workers, over ``--passes``
-  passes with the first left out of the timing (it pays for the decoders' creation).
+  passes with the first left out of the timing (it pays for the decoders' creation),
+  with the median time of one decode call in the pipeline (``--switch-interval``
+  changes the GIL switch interval for it).
 
 The first GPU session measured the same things with scratch scripts; this file makes
 them one command, and it ran on an H100 in the second (docs/gpu.md, "Measured on an
@@ -227,16 +229,72 @@ def profile_kernel(data: Path) -> list[dict[str, Any]]:
     ]
 
 
-def profile_sweep(data: Path, passes: int) -> list[dict[str, Any]]:
-    """The fetch -> stage pipeline by (fetch threads, workers), passes after the first."""
+class TimedDecoder:
+    """A batch decoder that records how long each ``decode`` call takes (in ``calls_s``).
+
+    In the second H100 session the decode call took 7.9 ms alone and 28-69 ms with fetch
+    threads running beside it; the sweep reports this median so that the effect of a
+    change on the call itself is visible next to the throughput.
+    """
+
+    def __init__(self, inner: Any, calls_s: list[float]) -> None:
+        self.inner = inner
+        self.calls_s = calls_s
+
+    def decode(self, blobs: Sequence[memoryview], stream: Any) -> list[Any]:
+        t0 = time.perf_counter()
+        try:
+            images: list[Any] = self.inner.decode(blobs, stream)
+            return images
+        finally:
+            self.calls_s.append(time.perf_counter() - t0)  # list.append is thread-safe
+
+
+def timed_ports(ports: Any, calls_s: list[float]) -> Any:
+    """``ports`` whose decoders are wrapped in :class:`TimedDecoder`."""
+    import dataclasses
+
+    return dataclasses.replace(
+        ports, make_decoder=lambda: TimedDecoder(ports.make_decoder(), calls_s)
+    )
+
+
+def profile_sweep(
+    data: Path, passes: int, switch_interval: float | None = None
+) -> list[dict[str, Any]]:
+    """The fetch -> stage pipeline by (fetch threads, workers), passes after the first.
+
+    ``switch_interval``: ``sys.setswitchinterval`` for the sweep (restored after it).
+    """
+    import statistics
+
     from gpu_loader.benchmarks.gpu_vs_cpu import iter_stage_cuda, time_after_first_pass
 
+    from gpu_loader.cuda import cuda_ports
+
     rows = []
-    for fetch_threads, workers in SWEEP:
-        batches = iter_stage_cuda(data, max(2, passes), fetch_threads, workers)
-        result = time_after_first_pass(batches, data)
-        rows.append({"fetch_threads": fetch_threads, "workers": workers, **result})
-        print(f"  sweep {fetch_threads}x{workers}: {result['img_per_s']:.0f} img/s", flush=True)
+    before = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    try:
+        for fetch_threads, workers in SWEEP:
+            calls_s: list[float] = []
+            ports = timed_ports(cuda_ports("cuda"), calls_s)
+            batches = iter_stage_cuda(data, max(2, passes), fetch_threads, workers, ports=ports)
+            result = time_after_first_pass(batches, data)
+            median_ms = 1e3 * statistics.median(calls_s) if calls_s else None
+            rows.append(
+                {
+                    "fetch_threads": fetch_threads,
+                    "workers": workers,
+                    **result,
+                    "decode_call_ms": median_ms,
+                    "switch_interval_s": sys.getswitchinterval(),
+                }
+            )
+            print(f"  sweep {fetch_threads}x{workers}: {result['img_per_s']:.0f} img/s", flush=True)
+    finally:
+        sys.setswitchinterval(before)
     return rows
 
 
@@ -247,7 +305,8 @@ TABLES: dict[str, Sequence[tuple[str, str]]] = {
     "kernel": (("images", "images"), ("device_ms", "device ms"), ("host_ms", "host ms"),
                ("bytes_mb", "MB moved"), ("bound_ms_at_3tbps", "bound ms")),
     "sweep": (("fetch_threads", "fetch threads"), ("workers", "workers"),
-              ("img_per_s", "img/s"), ("gpu_util", "GPU util %")),
+              ("img_per_s", "img/s"), ("decode_call_ms", "decode call ms (median)"),
+              ("gpu_util", "GPU util %")),
 }  # fmt: skip
 
 
@@ -257,11 +316,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-images", type=int, default=2000)
     parser.add_argument("--passes", type=int, default=3, help="sweep passes; the first untimed")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval for the sweep, in seconds (default: Python's, 0.005)",
+    )
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
     parser.add_argument("--quick", action="store_true", help="1000 images, 2 sweep passes")
     args = parser.parse_args(argv)
     if args.quick:
         args.num_images, args.passes = 1000, 2
+    if args.switch_interval is not None and not args.switch_interval > 0:
+        parser.error(f"--switch-interval must be > 0 seconds, got {args.switch_interval}")
 
     from gpu_loader.cuda import cuda_available
 
@@ -275,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode": lambda: profile_decode(data),
         "stage": lambda: profile_stage(data),
         "kernel": lambda: profile_kernel(data),
-        "sweep": lambda: profile_sweep(data, args.passes),
+        "sweep": lambda: profile_sweep(data, args.passes, args.switch_interval),
     }
     results: dict[str, Any] = {}
     for section in args.sections:

@@ -80,8 +80,9 @@ class _Task:
 
 
 def iter_stage_cuda(
-    data: Path, epochs: int, fetch_threads: int = 8, workers: int = 2
+    data: Path, epochs: int, fetch_threads: int = 8, workers: int = 2, ports: Any = None
 ) -> Iterator[tuple[Any, Any]]:
+    """``ports``: the device ports (default ``cuda_ports("cuda")``; gpu_profile wraps them)."""
     import numpy as np
 
     from gpu_loader.cuda import GpuBatchStage, GpuFetcher, PinnedArena, cuda_ports, handoff
@@ -89,7 +90,7 @@ def iter_stage_cuda(
     from gpu_loader.sources import ImageFolder
 
     source = ImageFolder(data)
-    ports = cuda_ports("cuda")
+    ports = ports or cuda_ports("cuda")
     transform = _transform()
     arena = PinnedArena(256 << 20, allocator=ports.runtime.alloc_pinned)
     stop = threading.Event()

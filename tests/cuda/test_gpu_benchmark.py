@@ -29,3 +29,40 @@ def test_gpu_benchmark_exits_cleanly_without_a_gpu(
     assert result.returncode == 0, result.stderr
     assert "needs a usable CUDA GPU" in result.stdout
     assert not out.exists()
+
+
+def test_switch_interval_is_checked_before_anything_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_loader.benchmarks.gpu_profile", "--switch-interval", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--switch-interval must be > 0" in result.stderr
+
+
+def test_timed_ports_time_every_decode_call_and_pass_results_through() -> None:
+    from gpu_loader.benchmarks.gpu_profile import TimedDecoder, timed_ports
+
+    from gpu_loader.cuda import standin_ports
+    from gpu_loader.cuda._standin_device import StandinRuntime
+    from tests.cuda.conftest import sample_files
+
+    runtime = StandinRuntime()
+    calls: list[float] = []
+    ports = timed_ports(standin_ports(runtime), calls)
+    decoder = ports.make_decoder()
+    assert isinstance(decoder, TimedDecoder)
+    files = sample_files()
+    blobs = [memoryview(files[name]) for name in ("a.jpg", "c.jpg", "truncated.jpg")]
+    stream = runtime.new_stream()
+    images = decoder.decode(blobs, stream)
+    runtime.record_event(stream).synchronize()
+    assert [im is not None for im in images] == [True, True, False]
+    assert (images[0].height, images[0].width) == (120, 160)
+    decoder.decode(blobs[:1], stream)
+    runtime.record_event(stream).synchronize()
+    assert len(calls) == 2 and all(c > 0 for c in calls)
+    assert ports.runtime is runtime  # only the decoder factory is replaced
