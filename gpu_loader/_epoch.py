@@ -12,7 +12,7 @@ import collections
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -167,6 +167,33 @@ class EpochBase:
 
     def forget(self, position: int) -> None:
         """A failed position's resources can go (the CPU path's straggler rows)."""
+
+    def feed_batcher(
+        self,
+        completions: Iterable[Any],
+        item: Callable[[Any], Any],
+        moves: Callable[[], bool] = lambda: True,
+    ) -> Iterator[Batch[Any]]:
+        """Feed a pipeline's completions to the batcher (``item(done)`` at ``done.position``);
+        yield each batch it emits, then the epoch's tail (not when the epoch was stopped:
+        its pipeline ended early).
+
+        ``completions`` must include the engine's idle ticks (``iterate(idle_s=...)``): a
+        failure noted after the last completion must still reach the batcher, or a window
+        full of samples waiting for it would never move. ``moves()`` is asked before each
+        ``pop`` (see `Batcher.pop`).
+        """
+        batcher = self.batcher
+        for done in completions:
+            self.drain_failures()
+            if done is not IDLE:
+                batcher.push(done.position, item(done))
+            while (batch := batcher.pop(moves=moves())) is not None:
+                yield batch
+        if self.stopping.is_set():
+            return
+        self.drain_failures()
+        yield from batcher.pop_final()
 
     def release(self, count: int) -> None:
         with self.cond:
@@ -405,23 +432,14 @@ class CpuEpoch(EpochBase):
         them, so the window still bounds memory, and the batcher always has `window`
         minus the formed batches to work with.
         """
-        batcher = self.batcher
         try:
-            for task in stream:
-                self.drain_failures()
-                if task is not IDLE:
-                    batcher.push(task.position, task.out)
-                # Straggler mode moves samples only when the training loop has nothing
-                # queued: while it has, waiting for a straggler costs it nothing, and an
-                # unmoved batch is built without copies (see `_straggler_rows`).
-                while (batch := batcher.pop(moves=self.formed.empty())) is not None:
-                    self.formed.put(self.assemble(batch))
-            if self.stopping.is_set():
-                return  # closed early: the pipeline ended without its tail
-            self.drain_failures()
-            for batch in batcher.pop_final():
+            # Straggler mode moves samples only when the training loop has nothing
+            # queued: while it has, waiting for a straggler costs it nothing, and an
+            # unmoved batch is built without copies (see `_straggler_rows`).
+            for batch in self.feed_batcher(stream, lambda task: task.out, moves=self.formed.empty):
                 self.formed.put(self.assemble(batch))
-            self.formed.put(None)
+            if not self.stopping.is_set():  # a stopped epoch gets no tail and no end marker
+                self.formed.put(None)
         except BaseException as exc:  # crosses to the training loop, traceback intact
             self.formed.put(exc)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
-from gpu_loader.pipeline import IDLE, OutputOrder, PipelineBuilder, PipelineFailure
+from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
 
 if TYPE_CHECKING:
     import torch
@@ -117,19 +117,10 @@ class GpuEpoch(EpochBase):
 
     # -- the decode pipeline's source thread: the batcher ------------------------------
     def formed_batches(self) -> Iterator[list[FetchedSample]]:
-        batcher = self.batcher
         with self.fetch_pipeline:
-            # Idle ticks: a failure noted after the last fetch completed must still reach
-            # the batcher (see EpochBase.form).
-            for sample in self.fetch_pipeline.iterate(idle_s=IDLE_TICK_S):
-                self.drain_failures()
-                if sample is not IDLE:
-                    batcher.push(sample.position, sample)
-                while (batch := batcher.pop()) is not None:
-                    yield list(batch.items)
-            self.drain_failures()
-            for batch in batcher.pop_final():
-                if batch.items:
+            completions = self.fetch_pipeline.iterate(idle_s=IDLE_TICK_S)
+            for batch in self.feed_batcher(completions, lambda sample: sample):
+                if batch.items:  # every sample of it failed: nothing to decode
                     yield list(batch.items)
 
     def decode_batch(self, samples: list[FetchedSample], state: WorkerState) -> GpuBatch:
