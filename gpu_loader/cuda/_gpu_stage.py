@@ -20,9 +20,9 @@ Two engine ops and a consumer-side call:
 
 Ordering, per batch (see docs/gpu.md): the arena slices are released after the worker
 thread has SYNCHRONISED an event recorded right after the decode and the uploads (the
-kernel is enqueued first, so the device stays busy meanwhile); the decoded images and uploads stay
-referenced by the worker until the batch's event has fired (checked with ``query()``
-before each later batch, and waited for when the worker's state is dropped).
+kernel is enqueued first, so the device stays busy meanwhile); the decoded images and
+uploads stay referenced by the worker until the batch's event has fired (checked with
+``query()`` before each later batch, and waited for when the worker's state is dropped).
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class GpuFetcher:
 
     A non-JPEG sample (no header size) is decoded here, on the CPU, and gets its
     parameters from the decoded size and the same generator, exactly as the CPU path
-    (``ops.load_into``) does; its arena slice is released at once.
+    (``ops.load_into``) does; its encoded bytes go back to the arena at once, and its
+    pixels take a new slice when there is room (see ``_stage_pixels``).
     """
 
     def __init__(
