@@ -237,6 +237,11 @@ class EpochBase:
                     monitor.record_batch(len(positions))
                     if progress is not None:
                         progress.step(loader.stats)
+                    # Last, so the bookkeeping above runs before the samples this frees
+                    # start: with the window full, the decode threads are idle until
+                    # then and do not compete with the training loop's thread for the
+                    # GIL (measured: 0.2-6 ms per batch of waiting with 5 batches queued).
+                    self.release(len(positions))
                     yield images, labels
             self.finished = True
             loader._epoch_finished()
@@ -257,7 +262,8 @@ class EpochBase:
         raise NotImplementedError
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
-        """The next (images, labels, positions) for the training loop, None at the end."""
+        """The next (images, labels, positions) for the training loop, None at the end.
+        Its positions stay in the in-flight window: `batches` releases them."""
         raise NotImplementedError
 
     # -- failures and shutdown -----------------------------------------------------------
@@ -451,7 +457,6 @@ class CpuEpoch(EpochBase):
         if isinstance(item, BaseException):
             raise item
         images, labels, positions = item
-        self.release(len(positions))
         device = self.loader.device
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)

@@ -160,7 +160,6 @@ class GpuEpoch(EpochBase):
                 self.check_failure_budget(batch)
             self.samples_done += len(batch.positions) + len(batch.failed)
             if batch.positions:
-                self.release(len(batch.positions))
                 images, labels = self.stage.handoff(batch)
                 if images.device.type == "cpu":
                     # The stand-in runtime (tests): its outputs are host memory, and a host

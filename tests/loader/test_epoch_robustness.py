@@ -8,6 +8,9 @@
 - An epoch's iterator stopped from outside (a new iteration, close()) says why.
 - An empty source is refused when the loader is made.
 - Each epoch's progress bar counts that epoch, not the loader's running total.
+- A batch frees its in-flight slots only after the training loop's thread has done its
+  bookkeeping: the samples it makes room for would otherwise start decoding at once and
+  compete with that thread for the GIL (measured: 0.2-6 ms of stall per batch).
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ class FailsLate:
         return int(self.inner.readinto(i, buf))
 
 
+def path_options(path: str) -> gl.LoaderOptions:
+    """The CPU path, or the GPU path's orchestration on the stand-in ports."""
+    if path == "gpu":
+        return gl.LoaderOptions(
+            monitor_gpu=False, decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20
+        )
+    return gl.LoaderOptions(monitor_gpu=False)
+
+
 def run_to_end(loader: gl.ImageLoader, limit_s: float = 30.0) -> list[int]:
     """Every label the loader delivers; fails (instead of hanging the suite) after limit_s."""
     labels: list[int] = []
@@ -79,11 +91,7 @@ def run_to_end(loader: gl.ImageLoader, limit_s: float = 30.0) -> list[int]:
 def test_a_late_failure_neither_hangs_nor_loses_samples(
     unique_list: FileList, batching: str, path: str
 ) -> None:
-    options = gl.LoaderOptions(monitor_gpu=False)
-    if path == "gpu":
-        options = gl.LoaderOptions(
-            monitor_gpu=False, decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20
-        )
+    options = path_options(path)
     loader = gl.ImageLoader(
         FailsLate(unique_list),  # type: ignore[arg-type]
         batch_size=4,  # a window of 4 * (2 + 2 + 1) = 20 samples, far fewer than 48
@@ -116,11 +124,7 @@ def test_an_iterator_stopped_from_outside_says_why(
 ) -> None:
     # One epoch runs at a time; the old iterator must not end quietly with part of the
     # epoch (the GPU path did), nor fail with an internal error (the CPU path did).
-    options = gl.LoaderOptions(monitor_gpu=False)
-    if path == "gpu":
-        options = gl.LoaderOptions(
-            monitor_gpu=False, decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20
-        )
+    options = path_options(path)
     loader = gl.ImageLoader(unique_list, batch_size=4, transform=EvalTransform(32), options=options)
     first = iter(loader)
     next(first)
@@ -153,3 +157,31 @@ def test_each_epochs_progress_bar_counts_that_epoch(
     err = capsys.readouterr().err
     second = err[err.index("epoch 1") :]
     assert f"{n}/{n}" in second and f"{2 * n}" not in second  # not the running total
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+def test_a_batch_frees_its_slots_after_its_bookkeeping(
+    unique_list: FileList, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_loader import _epoch
+
+    events: list[tuple[str, int]] = []
+    delivered, release = _epoch.Received.delivered, _epoch.EpochBase.release
+
+    def logged_delivered(self: Any, positions: Any) -> None:
+        events.append(("delivered", len(positions)))
+        delivered(self, positions)
+
+    def logged_release(self: Any, count: int) -> None:
+        events.append(("release", count))
+        release(self, count)
+
+    monkeypatch.setattr(_epoch.Received, "delivered", logged_delivered)
+    monkeypatch.setattr(_epoch.EpochBase, "release", logged_release)
+    loader = gl.ImageLoader(
+        unique_list, batch_size=8, transform=EvalTransform(32), options=path_options(path)
+    )
+    with loader:
+        sizes = [len(y) for _, y in loader]
+    assert sum(sizes) == len(unique_list)
+    assert events == [event for n in sizes for event in (("delivered", n), ("release", n))]
