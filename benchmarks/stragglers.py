@@ -1,11 +1,14 @@
 """Straggler-aware batching vs ordered batching vs DataLoader on heavy-tailed data (issue 6).
 
-Two scenarios on the same generated folder:
+Two scenarios on the same generated folder, and a control:
 
 * ``decode``: about 10% "heavy" images (3-4x the sides: 9-16x the pixels), so decode cost
   is heavy-tailed;
 * ``reads``: the same images, and 10% of reads take an extra 150 ms (a GIL-free sleep),
-  the stragglers of remote storage.
+  the stragglers of remote storage;
+* ``control``: a folder generated the same way with no heavy images (it keeps the 2%
+  PNGs both folders have). What ``decode`` stalls beyond it, system by system, is the
+  stall its heavy images cause: ``stall_from_heavy_images`` in the JSON.
 
 A consumer simulates a training step with a fixed GIL-free wait,
 sized so the loader's mean throughput is about 10% above what the consumer needs. For
@@ -40,7 +43,7 @@ HEADROOM = 1.10  # loader throughput / consumer need
 # straggler_cost: straggler mode with cost-aware start order (larger files first within each
 # nominal batch's block of positions, LoaderOptions(cost_lookahead=BATCH)).
 SYSTEMS = ("ordered", "straggler", "straggler_cost", "dataloader_w2")
-SCENARIOS = ("decode", "reads")
+SCENARIOS = ("decode", "reads", "control")
 SLOW_FRACTION = 0.10
 SLOW_READ_S = 0.150
 
@@ -211,9 +214,30 @@ def worker(
     }
 
 
+def stall_from_heavy_images(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per system, the ``decode`` stall fraction minus the ``control``'s (the same system on
+    the same kind of folder without heavy images): the stall the heavy images cause.
+    Only ``decode`` has this counterpart (``reads`` uses a much longer step). Empty unless
+    both ran."""
+    stall = {
+        (r["scenario"], r["system"]): r["stall_fraction"] for r in rows if "stall_fraction" in r
+    }
+    return {
+        system: stall["decode", system] - stall["control", system]
+        for scenario, system in stall
+        if scenario == "decode" and ("control", system) in stall
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="image folder (default: generated, 10%% heavy)")
+    parser.add_argument(
+        "--control-data",
+        type=Path,
+        help="the control scenario's folder, without heavy images (default: generated; "
+        "with --data and no --control-data the control is skipped)",
+    )
     parser.add_argument("--num-images", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
@@ -243,27 +267,46 @@ def main(argv: list[str] | None = None) -> int:
 
     num = 200 if args.quick else args.num_images
     epochs = 1 if args.quick else args.epochs
-    data = args.data or make_image_folder(
-        cache_dir() / f"straggler-photos-{num}",
-        num_images=num,
-        num_classes=10,
-        seed=1,
-        min_side=200,
-        max_side=480,
-        heavy_fraction=0.1,
-        heavy_scale=(3, 4),
-        progress=True,
-    )
+
+    def generated(name: str, heavy_fraction: float) -> Path:
+        return make_image_folder(
+            cache_dir() / name,
+            num_images=num,
+            num_classes=10,
+            seed=1,
+            min_side=200,
+            max_side=480,
+            heavy_fraction=heavy_fraction,
+            heavy_scale=(3, 4),
+            progress=True,
+        )
+
+    scenarios = list(args.scenarios)
+    folders: dict[str, Path] = {}
+    for scenario in scenarios:
+        if scenario != "control":
+            folders[scenario] = args.data or generated(f"straggler-photos-{num}", 0.1)
+        elif args.control_data or not args.data:
+            folders[scenario] = args.control_data or generated(f"straggler-light-{num}", 0.0)
+        else:
+            print("[skip] control: --data given without --control-data", file=sys.stderr)
+    scenarios = [sc for sc in scenarios if sc in folders]
     rows: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
-    for scenario in args.scenarios:
+    for scenario in scenarios:
+        data = folders[scenario]
         print(f"[calibrate] {scenario}: loader alone ...", file=sys.stderr, flush=True)
         cal = calibrate(data, 1, scenario, args.batch_size)
         need = cal["img_per_s"] / HEADROOM  # the consumer needs 10% less than the loader gives
         step_s = args.batch_size / need
         batches = -(-num // args.batch_size)
         ideal = max(cal["compute_s_per_epoch"] / cal["threads"], (batches - 1) * step_s)
-        runs[scenario] = {"calibration": cal, "step_s": step_s, "ideal_epoch_s": ideal}
+        runs[scenario] = {
+            "data": str(data),
+            "calibration": cal,
+            "step_s": step_s,
+            "ideal_epoch_s": ideal,
+        }
         for system in SYSTEMS:
             print(f"[run] {scenario}: {system} ...", file=sys.stderr, flush=True)
             result, pss = run_worker(
@@ -289,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["epoch_vs_ideal"] = result["epoch_s"] / ideal
             rows.append(row)
     checks = {}
-    for scenario in args.scenarios:
+    for scenario in scenarios:
+        if scenario == "control":
+            continue  # no stragglers: nothing for the issue's targets to compare
         by = {r["system"]: r for r in rows if r["scenario"] == scenario}
         if all("stall_fraction" in by[m] for m in ("ordered", "straggler")):
             ordered, straggler = by["ordered"]["stall_fraction"], by["straggler"]["stall_fraction"]
@@ -297,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             checks[f"{scenario}: straggler epoch <= 1.10 x ideal"] = (
                 by["straggler"]["epoch_vs_ideal"] <= 1.10
             )
+    heavy_stall = stall_from_heavy_images(rows)
     columns = [
         ("scenario", "scenario"),
         ("system", "system"),
@@ -322,13 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results(
         "stragglers",
         {
-            "dataset": {"path": str(data), "images": num, "heavy_fraction": 0.1},
+            "dataset": {
+                "images": num,
+                "heavy_fraction": 0.1,
+                "folders": {k: str(v) for k, v in folders.items()},
+            },
             "batch_size": args.batch_size,
             "epochs": epochs,
             "slow_read_s": SLOW_READ_S,
             "scenarios": runs,
             "rows": rows,
             "checks": checks,
+            "stall_from_heavy_images": heavy_stall,
             "table": table,
         },
         args.out,
@@ -340,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(table)
     print(f"checks: {checks}")
+    if heavy_stall:
+        print(f"decode stall from heavy images (decode minus control): {heavy_stall}")
     print(f"\nwritten: {path}")
     return 0
 

@@ -1,4 +1,5 @@
-"""benchmarks/cpu_loaders.py's summary: medians over rounds, ratios within a round."""
+"""Benchmark summaries: cpu_loaders.py (medians over rounds, ratios within a round) and
+stragglers.py (the stall heavy images cause)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,25 @@ def test_a_system_that_never_ran_keeps_its_error() -> None:
     (row,) = summarize(runs)
     assert row["error"] == "exit 1: boom"
     assert "img_per_s" not in row
+
+
+def test_heavy_stall_is_decode_minus_its_control_per_system() -> None:
+    from gpu_loader.benchmarks.stragglers import stall_from_heavy_images
+
+    def row(scenario: str, system: str, stall: float | None) -> dict[str, object]:
+        if stall is None:  # a worker that failed has an error, no stall
+            return {"scenario": scenario, "system": system, "error": "boom"}
+        return {"scenario": scenario, "system": system, "stall_fraction": stall}
+
+    rows = [
+        row("decode", "ordered", 0.05),
+        row("decode", "straggler", 0.02),
+        row("decode", "dataloader_w2", 0.30),
+        row("reads", "ordered", 0.06),  # no counterpart: left out
+        row("control", "ordered", 0.04),
+        row("control", "straggler", 0.03),
+        row("control", "dataloader_w2", None),
+    ]
+    got = stall_from_heavy_images(rows)
+    assert got == pytest.approx({"ordered": 0.01, "straggler": -0.01})
+    assert stall_from_heavy_images([r for r in rows if r["scenario"] != "control"]) == {}
