@@ -196,7 +196,7 @@ def worker(
         "epoch_s": epoch_s / epochs,
         "stall_fraction": stall_s / epoch_s,
         # Diagnostics beside the headline figure (which is over every epoch): the first
-        # epoch also pays cold memory and caches in its first batches, in every system.
+        # epoch starts with an empty queue in every system (see the README).
         "stall_fraction_by_epoch": [e["stall_s"] / e["epoch_s"] for e in epochs_out],
         "stall_fraction_later_epochs": (
             sum(e["stall_s"] for e in later) / sum(e["epoch_s"] for e in later) if later else None
