@@ -131,7 +131,8 @@ def _fetch_samples(data: Path, count: int) -> tuple[Any, Any, Any, list[Any]]:
     transform = TrainTransform(224)
     ports = cuda_ports("cuda")
     arena = PinnedArena(512 << 20, allocator=ports.runtime.alloc_pinned)
-    fetcher = GpuFetcher(source, arena, transform, seed=0, epoch=0)
+    pixels = PinnedArena(128 << 20, allocator=ports.runtime.alloc_pinned, lazy=True)
+    fetcher = GpuFetcher(source, arena, transform, seed=0, epoch=0, pixel_arena=pixels)
     samples = [fetcher.fetch(p, p) for p in range(min(count, len(source)))]
     return source, transform, ports, samples
 

@@ -93,8 +93,11 @@ def iter_stage_cuda(
     ports = ports or cuda_ports("cuda")
     transform = _transform()
     arena = PinnedArena(256 << 20, allocator=ports.runtime.alloc_pinned)
+    pixels = PinnedArena(64 << 20, allocator=ports.runtime.alloc_pinned, lazy=True)  # as the loader
     stop = threading.Event()
-    fetcher = GpuFetcher(source, arena, transform, seed=0, epoch=0, stop_event=stop)
+    fetcher = GpuFetcher(
+        source, arena, transform, seed=0, epoch=0, stop_event=stop, pixel_arena=pixels
+    )
     stage = GpuBatchStage(ports, transform, source.labels, dtype="float32")
     rng = np.random.default_rng(0)
     orders = (rng.permutation(len(source)) for _ in range(epochs))

@@ -51,6 +51,7 @@ class GpuEpoch(EpochBase):
         opts = loader.options
         self.ports = opts.gpu_ports if opts.gpu_ports is not None else _cuda_ports(loader)
         self.arena = loader._gpu_arena(self.ports)
+        self.pixel_arena = loader._gpu_pixel_arena(self.ports)
         self.workers = loader._gpu_workers(self.ports)
         self.gpu_failures: list[FailedSample] = []
         self.gpu_failures_lock = threading.Lock()
@@ -63,6 +64,7 @@ class GpuEpoch(EpochBase):
             epoch=self.epoch,
             max_pixels=opts.max_pixels,
             stop_event=self.stopping,
+            pixel_arena=self.pixel_arena,
         )
         self.stage = GpuBatchStage(
             self.ports,
@@ -207,6 +209,7 @@ class GpuEpoch(EpochBase):
         # Slices of samples dropped in queues never reached the stage that releases them;
         # every worker has joined, so none can still be read.
         self.arena.reset()
+        self.pixel_arena.reset()
 
 
 def _batch_key(samples: Sequence[FetchedSample]) -> str:

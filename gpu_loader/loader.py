@@ -83,7 +83,9 @@ class LoaderOptions:
     gpu_streams: int = 2
     """GPU path: worker threads, each with its own CUDA stream and decoder."""
     arena_bytes: int = 256 * 2**20
-    """GPU path: pinned host memory for fetched bytes; bounds the bytes in flight."""
+    """GPU path: pinned host memory for fetched bytes; bounds the bytes in flight. A
+    quarter as much again, allocated at first use, holds decoded non-JPEG pixels on
+    their way to the GPU."""
     gpu_ports: GpuPorts | None = None
     """GPU path: the device ports (decode, kernel launch, runtime). None means the CUDA
     implementations; tests pass `gpu_loader.cuda.standin_ports()` to run the GPU
@@ -232,6 +234,8 @@ class ImageLoader:
         self._arena: PinnedArena | None = None
         self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
+        self._pixel_arena: PinnedArena | None = None
+        self._pixel_arena_ports: GpuPorts | None = None
         self._gpu_worker_pool: WorkerPool | None = None
         self._logger: JsonlLogger | None = None
 
@@ -409,6 +413,20 @@ class ImageLoader:
             )
             self._arena_ports = ports
         return self._arena
+
+    def _gpu_pixel_arena(self, ports: GpuPorts) -> PinnedArena:
+        """Pinned room for decoded non-JPEG pixels on their way to the GPU: a quarter of
+        `arena_bytes` beside the fetch arena, allocated at first use, reused every epoch."""
+        from gpu_loader.cuda import PinnedArena
+
+        if self._pixel_arena is None or self._pixel_arena_ports is not ports:
+            self._pixel_arena = PinnedArena(
+                self.options.arena_bytes // 4,
+                allocator=ports.runtime.alloc_pinned,
+                lazy=True,
+            )
+            self._pixel_arena_ports = ports
+        return self._pixel_arena
 
     def _gpu_workers(self, ports: GpuPorts) -> WorkerPool:
         """GPU worker states (stream + decoder), kept across epochs like the arena."""

@@ -88,6 +88,9 @@ class PinnedArena:
     CUDA (page-locked, so the decoder's host-to-device copies run asynchronously), plain
     NumPy memory in the stand-in. ``poison`` (tests) overwrites released bytes with
     ``0xEE``, so bytes read after release are caught rather than silently stale.
+    ``lazy`` allocates the buffer at the first acquire instead of here: for an arena
+    that may never be used (the GPU path's staging area for decoded non-JPEG pixels,
+    on a dataset of JPEGs), page-locked memory is a scarce resource.
     """
 
     def __init__(
@@ -96,19 +99,14 @@ class PinnedArena:
         *,
         allocator: Callable[[int], np.ndarray] | None = None,
         poison: bool = False,
+        lazy: bool = False,
     ) -> None:
         if not isinstance(capacity_bytes, int) or capacity_bytes < ALIGN:
             raise ValueError(f"`capacity_bytes` must be an int >= {ALIGN}, got {capacity_bytes!r}")
         capacity = capacity_bytes - capacity_bytes % ALIGN
-        alloc = allocator or (lambda n: np.empty(n, dtype=np.uint8))
-        buf = np.asarray(alloc(capacity))
-        if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size < capacity:
-            raise ValueError(
-                f"the arena allocator must return a flat uint8 array of >= {capacity} bytes, "
-                f"got {buf.dtype} {buf.shape}"
-            )
-        self._buf = buf[:capacity]
+        self._alloc = allocator or (lambda n: np.empty(n, dtype=np.uint8))
         self.capacity = capacity
+        self._buf: np.ndarray | None = None if lazy else self._allocate()
         self._poison = poison
         self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted by offset
         self._cond = threading.Condition()
@@ -120,6 +118,20 @@ class PinnedArena:
         self._acquires = 0
         self._waits = 0
         self._generation = 0  # bumped by reset(): older slices are then already given back
+
+    def _allocate(self) -> np.ndarray:
+        buf = np.asarray(self._alloc(self.capacity))
+        if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size < self.capacity:
+            raise ValueError(
+                f"the arena allocator must return a flat uint8 array of >= {self.capacity} "
+                f"bytes, got {buf.dtype} {buf.shape}"
+            )
+        return buf[: self.capacity]
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the buffer exists (a ``lazy`` arena allocates at its first acquire)."""
+        return self._buf is not None
 
     # -- allocation --------------------------------------------------------------------
     def acquire(
@@ -138,6 +150,9 @@ class PinnedArena:
         size = self._rounded(nbytes, key)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            if self._buf is None:  # lazy: the first acquire allocates
+                self._buf = self._allocate()
+            buf = self._buf
             ticket = self._next_ticket
             self._next_ticket += 1
             self._tickets.append(ticket)
@@ -168,7 +183,7 @@ class PinnedArena:
             self._live += 1
             self._acquires += 1
             self._waits += int(waited)
-        return Slice(offset, size, self._buf[offset : offset + size], self, self._generation)
+        return Slice(offset, size, buf[offset : offset + size], self, self._generation)
 
     def try_acquire(self, nbytes: int, *, key: str = "?") -> Slice | None:
         """A slice of at least ``nbytes`` bytes if there is room now, else None (no wait).

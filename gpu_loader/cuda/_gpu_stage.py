@@ -110,7 +110,9 @@ class GpuFetcher:
     A non-JPEG sample (no header size) is decoded here, on the CPU, and gets its
     parameters from the decoded size and the same generator, exactly as the CPU path
     (``ops.load_into``) does; its encoded bytes go back to the arena at once, and its
-    pixels take a new slice when there is room (see ``_stage_pixels``).
+    pixels take a slice of ``pixel_arena`` when it has room (see ``_stage_pixels``).
+    ``pixel_arena`` must not be ``arena``: pixels held by an incomplete batch must
+    never take the room its remaining fetches need.
     """
 
     def __init__(
@@ -124,9 +126,16 @@ class GpuFetcher:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         stop_event: threading.Event | None = None,
         timeout: float | None = None,
+        pixel_arena: PinnedArena | None = None,
     ) -> None:
+        if pixel_arena is not None and pixel_arena is arena:
+            raise ValueError(
+                "`pixel_arena` must be a separate PinnedArena: staged pixels in the fetch "
+                "arena can take the room a batch's remaining fetches need (a deadlock)"
+            )
         self.source = source
         self.arena = arena
+        self.pixel_arena = pixel_arena
         self.transform = transform
         self.seed = seed
         self.epoch = epoch
@@ -159,16 +168,23 @@ class GpuFetcher:
         return FetchedSample(position, index, key, memoryview(b""), pixels, params, None, rng, host)
 
     def _stage_pixels(self, host: DecodedImage, key: str) -> tuple[Slice | None, DecodedImage]:
-        """Copy decoded pixels into the pinned arena when it has room now.
+        """Copy decoded pixels into ``pixel_arena`` when it has room now.
 
         The stage then uploads them with an asynchronous copy from page-locked memory.
         From pageable memory the copy goes through torch's pinned staging, which cost
         about 3.7 ms per 500x500 image on an H100 (a new pinned block each time, because
-        the last one is still queued behind the batch decode). Without room (the arena
-        is busy with fetches, which come first) the pixels stay where they are.
+        the last one is still queued behind the batch decode). Without room, or without
+        a ``pixel_arena``, the pixels stay where they are.
+
+        Not in the fetch arena (as first built): decoded pixels are 5-10x their file,
+        and those of a batch still being gathered could fill it while the batch's last
+        fetch waits there for room, which only a finished batch gives back. A threaded
+        test hung that way.
         """
+        if self.pixel_arena is None:
+            return None, host
         array = host.array
-        piece = self.arena.try_acquire(array.nbytes, key=key)
+        piece = self.pixel_arena.try_acquire(array.nbytes, key=key)
         if piece is None:
             return None, host
         pinned = piece.buffer[: array.nbytes].reshape(array.shape)

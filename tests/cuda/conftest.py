@@ -102,9 +102,12 @@ def make_stage(labels: np.ndarray, dtype: str = "float32") -> tuple[GpuBatchStag
 
 
 def fetch_all(
-    source: FileList, arena: PinnedArena, indices: list[int]
+    source: FileList,
+    arena: PinnedArena,
+    indices: list[int],
+    pixel_arena: PinnedArena | None = None,
 ) -> tuple[list[FetchedSample], list[tuple[int, BaseException]]]:
-    fetcher = GpuFetcher(source, arena, TRANSFORM, seed=SEED, epoch=EPOCH)
+    fetcher = GpuFetcher(source, arena, TRANSFORM, seed=SEED, epoch=EPOCH, pixel_arena=pixel_arena)
     good, bad = [], []
     for position, index in enumerate(indices):
         try:

@@ -65,6 +65,31 @@ def test_try_acquire_never_waits() -> None:
     assert arena.stats().in_use == 0
 
 
+def test_a_lazy_arena_allocates_once_at_its_first_acquire() -> None:
+    calls: list[int] = []
+
+    def alloc(n: int) -> np.ndarray:
+        calls.append(n)
+        return np.empty(n, dtype=np.uint8)
+
+    arena = PinnedArena(4 * ALIGN + 5, allocator=alloc, lazy=True)
+    assert calls == [] and not arena.allocated and arena.stats().capacity == 4 * ALIGN
+    assert arena.try_acquire(5 * ALIGN) is None  # too large: still nothing allocated
+    assert calls == []
+    a = arena.try_acquire(ALIGN)
+    b = arena.acquire(2 * ALIGN)
+    assert a is not None and calls == [4 * ALIGN] and arena.allocated
+    assert b.buffer.base is a.buffer.base  # one buffer
+    a.release()
+    b.release()
+    arena.reset()
+    arena.acquire(ALIGN).release()
+    assert calls == [4 * ALIGN]  # kept across reset()
+    bad = PinnedArena(ALIGN, allocator=lambda n: np.empty(n, dtype=np.float32), lazy=True)
+    with pytest.raises(ValueError, match="flat uint8 array"):
+        bad.acquire(1)
+
+
 def test_try_acquire_does_not_jump_the_queue() -> None:
     arena = PinnedArena(4 * ALIGN)
     held = arena.acquire(3 * ALIGN)

@@ -6,11 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_loader.cuda._arena import PinnedArena
-from gpu_loader.cuda._gpu_stage import GpuBatch, handoff
+from gpu_loader.cuda._arena import ALIGN, PinnedArena
+from gpu_loader.cuda._gpu_stage import GpuBatch, GpuFetcher, handoff
 from gpu_loader.cuda._standin_device import StandinRuntime
 from gpu_loader.ops import DecodeError
-from tests.cuda.conftest import BAD, OUT, Dataset, fetch_all, make_stage, reference
+from tests.cuda.conftest import (
+    BAD,
+    OUT,
+    TRANSFORM,
+    Dataset,
+    fetch_all,
+    make_stage,
+    reference,
+)
 
 
 def run_batch(
@@ -108,37 +116,60 @@ def test_one_batch_decode_call_per_batch(dataset: Dataset) -> None:
     assert state.decoder.sizes == [jpegs]  # type: ignore[attr-defined]
 
 
-def test_decoded_pixels_are_staged_in_the_arena_and_uploaded_from_there(
+def test_decoded_pixels_are_staged_in_the_pixel_arena_and_uploaded_from_there(
     dataset: Dataset,
 ) -> None:
-    # A PNG is decoded at fetch; its pixels go to the pinned arena so the stage's upload
-    # is an asynchronous copy from there. The arena is poisoned on release, so a slice
-    # given back before the copy ran would be reported (and the pixels would be wrong).
+    # A PNG is decoded at fetch; its pixels go to the pinned pixel arena so the stage's
+    # upload is an asynchronous copy from there. The arena is poisoned on release, so a
+    # slice given back before the copy ran would be reported (and the pixels be wrong).
     index = dataset.names.index("e.png")
     stage, runtime = make_stage(dataset.source.labels)
     arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True)
-    (sample,), _ = fetch_all(dataset.source, arena, [index])
+    pixels = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True, lazy=True)
+    assert not pixels.allocated
+    (sample,), _ = fetch_all(dataset.source, arena, [index], pixels)
     assert sample.host is not None and sample.slice is not None
     assert np.shares_memory(sample.host.array, sample.slice.buffer)
     assert runtime.is_pinned(sample.host.array)
-    assert arena.stats().live_slices == 1  # the pixels only: the encoded bytes went back
+    assert arena.stats().live_slices == 0  # the encoded bytes went back at once
+    assert pixels.stats().live_slices == 1
     batch = stage([sample], stage.worker_init())
     images, _ = handoff(batch)
     host = runtime.to_host(images).numpy()
     assert runtime.violations == []
     expected = reference((dataset.root / "e.png").read_bytes(), index)
     assert np.abs(host[0] - expected).max() < 0.02
-    assert arena.stats().live_slices == 0
+    assert pixels.stats().live_slices == 0
 
 
-def test_decoded_pixels_stay_pageable_when_the_arena_has_no_room(dataset: Dataset) -> None:
+def test_staged_pixels_never_take_the_room_fetches_need(dataset: Dataset) -> None:
+    # A batch being gathered holds its samples' slices; its last fetch waits for room
+    # that only a finished batch gives back. Pixels staged in the fetch arena could fill
+    # it (they are 5-10x their file) and hang the pipeline: the fetch arena must keep
+    # exactly what it had without them.
+    index = dataset.names.index("e.png")
+    _, runtime = make_stage(dataset.source.labels)
+    encoded = -(-len((dataset.root / "e.png").read_bytes()) // ALIGN) * ALIGN
+    arena = PinnedArena(encoded, allocator=runtime.alloc_pinned)  # room for the file only
+    pixels = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    (sample,), _ = fetch_all(dataset.source, arena, [index], pixels)
+    assert sample.slice is not None and pixels.stats().live_slices == 1
+    whole = arena.acquire(arena.capacity, timeout=0)  # all of it, without waiting
+    whole.release()
+    sample.slice.release()
+    with pytest.raises(ValueError, match="separate PinnedArena"):
+        GpuFetcher(dataset.source, arena, TRANSFORM, seed=0, epoch=0, pixel_arena=arena)
+
+
+def test_decoded_pixels_stay_pageable_when_the_pixel_arena_has_no_room(
+    dataset: Dataset,
+) -> None:
     index = dataset.names.index("e.png")
     stage, runtime = make_stage(dataset.source.labels)
     arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned, poison=True)
-    encoded = len((dataset.root / "e.png").read_bytes())
-    # Leave room for the encoded file only, not for its 75x75x3 pixels.
-    hog = arena.acquire(arena.capacity - encoded - 4096)
-    (sample,), _ = fetch_all(dataset.source, arena, [index])
+    pixels = PinnedArena(64 << 10, allocator=runtime.alloc_pinned, poison=True)
+    hog = pixels.acquire(pixels.capacity - 4096)  # less room than its 75x75x3 pixels
+    (sample,), _ = fetch_all(dataset.source, arena, [index], pixels)
     assert sample.host is not None and sample.slice is None
     assert not runtime.is_pinned(sample.host.array)
     batch = stage([sample], stage.worker_init())
@@ -148,4 +179,4 @@ def test_decoded_pixels_stay_pageable_when_the_arena_has_no_room(dataset: Datase
     assert np.abs(host[0] - expected).max() < 0.02
     assert runtime.violations == []
     hog.release()
-    assert arena.stats().in_use == 0
+    assert arena.stats().in_use == 0 and pixels.stats().in_use == 0

@@ -63,7 +63,12 @@ def test_matches_the_cpu_path(unique_list: FileList) -> None:
         (x.clone(), y)
         for x, y in gl.ImageLoader(unique_list, batch_size=8, transform=transform, seed=3)
     ]
-    gpu = [(x.clone(), y) for x, y in make(unique_list, transform=transform, seed=3)]
+    loader = make(unique_list, transform=transform, seed=3)
+    gpu = [(x.clone(), y) for x, y in loader]
+    # The PNGs' decoded pixels went up from the pixel arena, and every slice came back.
+    pixels, fetched = loader._gpu_pixel_arena(loader.options.gpu_ports), loader._arena
+    assert pixels.stats().acquires > 0 and pixels.stats().live_slices == 0
+    assert fetched is not None and fetched.stats().live_slices == 0
     assert len(cpu) == len(gpu)
     for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
         assert torch.equal(yc, yg), "ordered mode: same batches on both paths"
