@@ -18,6 +18,7 @@ import numpy as np
 from gpu_loader.ops._formats import (
     Format,
     header_size,
+    jpeg_header,
     jpeg_orientation,
     orientation_swaps_axes,
     sniff,
@@ -98,7 +99,13 @@ def probe_size(
 
 
 def _jpeg_header(buf: bytes | memoryview, key: str) -> tuple[int, int, str, int]:
-    """(raw height, raw width, colourspace, EXIF orientation) of a JPEG."""
+    """(raw height, raw width, colourspace, EXIF orientation) of a JPEG.
+
+    Common JPEGs are read by `jpeg_header` (Python, GIL held); the rest by libjpeg.
+    """
+    fast = jpeg_header(buf)
+    if fast is not None:
+        return fast
     import simplejpeg
 
     try:
