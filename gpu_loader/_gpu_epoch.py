@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
+from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class GpuEpoch(EpochBase):
             max_pixels=opts.max_pixels,
             stop_event=self.stopping,
             pixel_arena=self.pixel_arena,
+            overflow_after_s=ARENA_OVERFLOW_S,
         )
         self.stage = GpuBatchStage(
             self.ports,

@@ -5,7 +5,13 @@ launch, device runtime) with their CUDA implementations and CPU stand-ins, and t
 batch stage with its consumer-side hand-off.
 """
 
-from gpu_loader.cuda._arena import ArenaStats, ArenaTooSmallError, PinnedArena, Slice
+from gpu_loader.cuda._arena import (
+    ArenaFullError,
+    ArenaStats,
+    ArenaTooSmallError,
+    PinnedArena,
+    Slice,
+)
 from gpu_loader.cuda._device import cuda_available
 from gpu_loader.cuda._device_cuda import CudaKernelLauncher, CudaRuntime, cuda_ports
 from gpu_loader.cuda._gpu_stage import (
@@ -24,6 +30,7 @@ from gpu_loader.cuda._standin_device import StandinEvent, StandinRuntime, Standi
 from gpu_loader.cuda._standins import StandinDecoder, StandinKernelLauncher, standin_ports
 
 __all__ = [
+    "ArenaFullError",
     "ArenaStats",
     "ArenaTooSmallError",
     "BatchDecoder",

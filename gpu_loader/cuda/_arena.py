@@ -36,6 +36,10 @@ class ArenaTooSmallError(ValueError):
     """A sample is larger than the whole arena: it can never be fetched."""
 
 
+class ArenaFullError(TimeoutError):
+    """No room in the arena for a sample within the ``timeout`` given to ``acquire``."""
+
+
 @dataclass(eq=False)
 class Slice:
     """A range of the arena owned by one sample until released."""
@@ -144,8 +148,8 @@ class PinnedArena:
     ) -> Slice:
         """A slice of at least ``nbytes`` bytes; blocks while the arena has no room.
 
-        Raises ArenaTooSmallError when ``nbytes`` exceeds the whole arena, TimeoutError
-        after ``timeout`` seconds, and InterruptedError once ``stop_event`` is set.
+        Raises ArenaTooSmallError when ``nbytes`` exceeds the whole arena, ArenaFullError
+        (a TimeoutError) after ``timeout`` seconds, and InterruptedError once ``stop_event`` is set.
         """
         size = self._rounded(nbytes, key)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -167,7 +171,7 @@ class PinnedArena:
                         raise InterruptedError(f"stopped while waiting for arena room for {key!r}")
                     left = _POLL_S if deadline is None else deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError(
+                        raise ArenaFullError(
                             f"no room in the {self.capacity}-byte pinned arena for {size} bytes "
                             f"of sample {key!r} after {timeout} s ({self._in_use} bytes held by "
                             f"{self._live} slices); make the arena larger than the bytes of the "
@@ -193,7 +197,7 @@ class PinnedArena:
         """
         try:
             return self.acquire(nbytes, timeout=0, key=key)
-        except (TimeoutError, ArenaTooSmallError):
+        except (ArenaFullError, ArenaTooSmallError):
             return None
 
     def release(self, piece: Slice) -> None:

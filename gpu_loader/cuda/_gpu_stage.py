@@ -28,6 +28,7 @@ uploads stay referenced by the worker until the batch's event has fired (checked
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from gpu_loader.cuda._arena import PinnedArena, Slice
+from gpu_loader.cuda._arena import ArenaFullError, PinnedArena, Slice
 from gpu_loader.cuda._launch import OUTPUT_DTYPES, OutputDtype
 from gpu_loader.cuda._ports import BatchDecoder, DeviceImage, DeviceRuntime, Event, KernelLauncher
 from gpu_loader.ops import (
@@ -56,6 +57,12 @@ if TYPE_CHECKING:
     from gpu_loader.sources import SampleIndex
 
 Failure = tuple[int, str, BaseException]
+
+
+_log = logging.getLogger("gpu_loader.cuda")
+
+ARENA_OVERFLOW_S = 1.0
+"""How long the loader's fetches wait for arena room before reading outside it."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,9 @@ class GpuFetcher:
     parameters from the decoded size and the same generator, exactly as the CPU path
     (``ops.load_into``) does; its encoded bytes go back to the arena at once, and its
     pixels take a slice of ``pixel_arena`` when it has room (see ``_stage_pixels``).
+    With ``overflow_after_s`` set (the loader's: `ARENA_OVERFLOW_S`), a fetch that finds
+    no room for that long reads outside the arena instead of waiting on (``timeout`` is
+    then unused; see ``_read``).
     ``pixel_arena`` must not be ``arena``: pixels held by an incomplete batch must
     never take the room its remaining fetches need.
     """
@@ -127,6 +137,7 @@ class GpuFetcher:
         stop_event: threading.Event | None = None,
         timeout: float | None = None,
         pixel_arena: PinnedArena | None = None,
+        overflow_after_s: float | None = None,
     ) -> None:
         if pixel_arena is not None and pixel_arena is arena:
             raise ValueError(
@@ -142,15 +153,17 @@ class GpuFetcher:
         self.max_pixels = max_pixels
         self.stop_event = stop_event
         self.timeout = timeout
+        self.overflow_after_s = overflow_after_s
+        self.overflows = 0
+        """Samples read outside the arena because it had no room (see `_read`)."""
+        self._overflow_lock = threading.Lock()
 
     def __call__(self, task: _Task) -> FetchedSample:
         return self.fetch(task.position, task.index, task.key)
 
     def fetch(self, position: int, index: int, key: str | None = None) -> FetchedSample:
         key = self.source.key(index) if key is None else key
-        piece, data = self.arena.fetch(
-            self.source, index, key=key, timeout=self.timeout, stop_event=self.stop_event
-        )
+        piece, data = self._read(index, key)
         try:
             size = probe_size(data, key=key)
             rng = sample_rng(self.seed, self.epoch, index)
@@ -160,12 +173,51 @@ class GpuFetcher:
                 return FetchedSample(position, index, key, data, piece, params, size, rng)
             host = decode(data, key=key, max_pixels=self.max_pixels)
         except BaseException:
-            piece.release()
+            if piece is not None:
+                piece.release()
             raise
-        piece.release()  # decoded: the bytes are no longer needed
+        if piece is not None:
+            piece.release()  # decoded: the bytes are no longer needed
         params = self.transform.make_params(host.height, host.width, rng)
         pixels, host = self._stage_pixels(host, key)
         return FetchedSample(position, index, key, memoryview(b""), pixels, params, None, rng, host)
+
+    def _read(self, index: int, key: str) -> tuple[Slice | None, memoryview]:
+        """The sample's bytes in the arena, or outside it after ``overflow_after_s``.
+
+        A batch being gathered holds its samples' slices, and the free room can be split
+        between them: a tight arena can leave no hole large enough for the batch's last
+        fetch, which would then wait forever (the threaded stage test hung that way about
+        once in 30 runs). After ``overflow_after_s`` without room the sample is read into
+        ordinary memory instead: its upload is slower, and the in-flight window still
+        bounds how many samples are out. ``overflows`` counts them.
+        """
+        if self.overflow_after_s is None:
+            return self.arena.fetch(
+                self.source, index, key=key, timeout=self.timeout, stop_event=self.stop_event
+            )
+        try:
+            return self.arena.fetch(
+                self.source,
+                index,
+                key=key,
+                timeout=self.overflow_after_s,
+                stop_event=self.stop_event,
+            )
+        except ArenaFullError:
+            with self._overflow_lock:
+                self.overflows += 1
+                first = self.overflows == 1
+            if first:
+                _log.warning(
+                    "no room in the %d-byte pinned arena for %.1f s: reading %r and any "
+                    "later such sample into ordinary memory (slower uploads); a larger "
+                    "LoaderOptions(arena_bytes=...) avoids this",
+                    self.arena.capacity,
+                    self.overflow_after_s,
+                    key,
+                )
+            return None, memoryview(bytearray(self.source.read(index)))
 
     def _stage_pixels(self, host: DecodedImage, key: str) -> tuple[Slice | None, DecodedImage]:
         """Copy decoded pixels into ``pixel_arena`` when it has room now.

@@ -6,13 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_loader.cuda._arena import ALIGN, PinnedArena
+from gpu_loader.cuda._arena import ALIGN, ArenaFullError, PinnedArena
 from gpu_loader.cuda._gpu_stage import GpuBatch, GpuFetcher, handoff
 from gpu_loader.cuda._standin_device import StandinRuntime
 from gpu_loader.ops import DecodeError
 from tests.cuda.conftest import (
     BAD,
+    EPOCH,
     OUT,
+    SEED,
     TRANSFORM,
     Dataset,
     fetch_all,
@@ -180,3 +182,39 @@ def test_decoded_pixels_stay_pageable_when_the_pixel_arena_has_no_room(
     assert runtime.violations == []
     hog.release()
     assert arena.stats().in_use == 0 and pixels.stats().in_use == 0
+
+
+def test_a_fetch_with_no_hole_large_enough_reads_outside_the_arena(dataset: Dataset) -> None:
+    # A batch being gathered holds its samples' slices, and the free room can be split
+    # between them: enough bytes free, no hole large enough. Waiting would never end
+    # (the threaded test hung that way); after `overflow_after_s` the sample is read
+    # into ordinary memory and decodes as before.
+    index = dataset.names.index("a.jpg")
+    encoded = (dataset.root / "a.jpg").read_bytes()
+    need = -(-len(encoded) // ALIGN) * ALIGN
+    assert need >= 2 * ALIGN
+    stage, runtime = make_stage(dataset.source.labels)
+    arena = PinnedArena(3 * need, allocator=runtime.alloc_pinned, poison=True)
+    first, held, third = (arena.acquire(n) for n in (need - ALIGN, ALIGN, need - ALIGN))
+    rest = arena.acquire(arena.capacity - 2 * need + ALIGN)
+    first.release()
+    third.release()
+    assert arena.stats().capacity - arena.stats().in_use >= need  # free, but split in two
+    fetcher = GpuFetcher(
+        dataset.source, arena, TRANSFORM, seed=SEED, epoch=EPOCH, overflow_after_s=0.05
+    )
+    sample = fetcher.fetch(0, index)
+    assert sample.slice is None and bytes(sample.data) == encoded
+    assert fetcher.overflows == 1
+    batch = stage([sample], stage.worker_init())
+    images, _ = handoff(batch)
+    host = runtime.to_host(images).numpy()
+    assert runtime.violations == []
+    assert np.abs(host[0] - reference(encoded, index)).max() < 0.02
+    # Without `overflow_after_s` the fetch keeps the old contract: it waits, then fails.
+    strict = GpuFetcher(dataset.source, arena, TRANSFORM, seed=0, epoch=0, timeout=0.05)
+    with pytest.raises(ArenaFullError, match="no room"):
+        strict.fetch(1, index)
+    held.release()
+    rest.release()
+    assert arena.stats().in_use == 0
