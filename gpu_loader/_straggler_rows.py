@@ -47,6 +47,8 @@ class Slab:
     """The nominal batch."""
     tensor: torch.Tensor | None
     """``[rows, 3, H, W]``; None once sealed."""
+    array: np.ndarray | None = None
+    """A numpy view of ``tensor`` (rows are cheaper to index there); None once sealed."""
     sealed: bool = False
     """Handed to the training loop as (the base of) a batch: nothing writes to it again."""
     writers: int = 0
@@ -75,6 +77,16 @@ class Placed:
             return self.private
         assert self.slab.tensor is not None, "read only while the slab holds this row"
         return self.slab.tensor[self.row]
+
+    @property
+    def array(self) -> np.ndarray:
+        """`data` as numpy (bfloat16 as int16 bit patterns, as `as_numpy`)."""
+        if self.slab is None:
+            assert self.private is not None
+            return as_numpy(self.private)
+        assert self.slab.array is not None, "read only while the slab holds this row"
+        row: np.ndarray = self.slab.array[self.row]
+        return row
 
 
 class StragglerRows:
@@ -108,7 +120,8 @@ class StragglerRows:
         with self._lock:
             slab = self._slabs.get(b)
             if slab is None:
-                slab = Slab(b, self._new_batch(len(self.plan.batch_range(b))))
+                tensor = self._new_batch(len(self.plan.batch_range(b)))
+                slab = Slab(b, tensor, as_numpy(tensor))
                 self._slabs[b] = slab
             if not slab.sealed:
                 slab.writers += 1
@@ -141,11 +154,11 @@ class StragglerRows:
             host = self._pick_host(items, len(positions))
             tensor = None
             if host is not None:
-                tensor, host.tensor, host.sealed = host.tensor, None, True
+                tensor, host.tensor, host.array, host.sealed = host.tensor, None, None, True
                 host.held.clear()
         if host is None or tensor is None:
             tensor = self._new_batch(len(positions))
-            np.stack([as_numpy(p.data) for p in items], out=as_numpy(tensor))
+            np.stack([p.array for p in items], out=as_numpy(tensor))
             order = list(positions)
             moved = items
         else:
@@ -199,7 +212,7 @@ class StragglerRows:
         free = (r for r, p in enumerate(order) if p is None)
         out = as_numpy(tensor)
         for (position, placed), row in zip(outsiders, free, strict=False):
-            np.copyto(out[row], as_numpy(placed.data))
+            np.copyto(out[row], placed.array)
             order[row] = position
             moved.append(placed)
         return [p for p in order if p is not None], moved
