@@ -219,36 +219,54 @@ class EpochBase:
         loader = self.loader
         monitor = loader._monitor_for_epoch()
         progress = loader._make_progress(len(self.todo), monitor)
+        ended = False
         try:
             with self.running():
-                while True:
-                    self.check_not_stopped()
-                    with monitor.waiting():
-                        try:
-                            produced = self.next_batch()
-                        except Exception:
-                            self.check_not_stopped()  # a stopped epoch's own error is noise
-                            raise
-                    if produced is None:
-                        self.check_not_stopped()  # not a quiet, truncated epoch
-                        break
-                    images, labels, positions = produced
-                    self.received.delivered(positions)
-                    monitor.record_batch(len(positions))
-                    if progress is not None:
-                        progress.step(loader.stats)
-                    # Last, so the bookkeeping above runs before the samples this frees
-                    # start: with the window full, the decode threads are idle until
-                    # then and do not compete with the training loop's thread for the
-                    # GIL (measured: 0.2-6 ms per batch of waiting with 5 batches queued).
-                    self.release(len(positions))
-                    yield images, labels
+                try:
+                    while True:
+                        self.check_not_stopped()
+                        with monitor.waiting():
+                            try:
+                                produced = self.next_batch()
+                            except Exception:
+                                self.check_not_stopped()  # a stopped epoch's own error is noise
+                                raise
+                        if produced is None:
+                            self.check_not_stopped()  # not a quiet, truncated epoch
+                            ended = True
+                            break
+                        images, labels, positions = produced
+                        self.received.delivered(positions)
+                        monitor.record_batch(len(positions))
+                        if progress is not None:
+                            progress.step(loader.stats)
+                        # Last, so the bookkeeping above runs before the samples this
+                        # frees start: with the window full, the decode threads are idle
+                        # until then and do not compete with the training loop's thread
+                        # for the GIL (measured: 0.2-6 ms per batch of waiting with five
+                        # batches queued).
+                        self.release(len(positions))
+                        yield images, labels
+                finally:
+                    if not ended:
+                        # Before `running` stops the pipelines: their source thread may be
+                        # waiting for room in the window (a training loop that broke out
+                        # or raised leaves it full), and only `stopping` ends that wait.
+                        # Without this the pipeline's close waited out its 10 s join
+                        # timeout for it (seen in 1 of ~30 test runs).
+                        self.stop_feeding()
             self.finished = True
             loader._epoch_finished()
         finally:
             if progress is not None:
                 progress.close(loader.stats())
             self.close()
+
+    def stop_feeding(self) -> None:
+        """Stop starting samples: wake the source thread if it waits for the window."""
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
 
     def check_not_stopped(self) -> None:
         if self.stopped_because is not None:
@@ -285,9 +303,7 @@ class EpochBase:
         if self._closed:
             return
         self._closed = True
-        self.stopping.set()
-        with self.cond:
-            self.cond.notify_all()
+        self.stop_feeding()
         self.shutdown()
         self.loader._epoch_closed(self.failures(), self.engine_stats(), self.batcher.stats())
 

@@ -8,6 +8,8 @@
 - An epoch's iterator stopped from outside (a new iteration, close()) says why.
 - An empty source is refused when the loader is made.
 - Each epoch's progress bar counts that epoch, not the loader's running total.
+- A training loop that leaves an epoch (close, or an exception) while the in-flight window
+  is full gets its pipelines stopped at once, not after their 10 s join timeout.
 - A batch frees its in-flight slots only after the training loop's thread has done its
   bookkeeping: the samples it makes room for would otherwise start decoding at once and
   compete with that thread for the GIL (measured: 0.2-6 ms of stall per batch).
@@ -186,3 +188,36 @@ def test_a_batch_frees_its_slots_after_its_bookkeeping(
         sizes = [len(y) for _, y in loader]
     assert sum(sizes) == len(unique_list)
     assert events == [event for n in sizes for event in (("delivered", n), ("release", n))]
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+@pytest.mark.parametrize("how", ["close", "raise"])
+def test_leaving_with_the_window_full_stops_at_once(
+    unique_list: FileList, path: str, how: str
+) -> None:
+    # The source thread waits for room in the in-flight window, which a training loop
+    # that stops taking batches leaves full. The pipelines' close used to run before the
+    # epoch told that thread to stop, and waited out its 10 s join timeout for it.
+    before = set(threading.enumerate())
+    loader = gl.ImageLoader(
+        unique_list, batch_size=4, transform=EvalTransform(32), options=path_options(path)
+    )
+    gen = iter(loader)
+    next(gen)
+    deadline = time.monotonic() + 5
+    epoch = loader._epoch()
+    assert epoch is not None
+    while epoch.in_flight < epoch.window and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert epoch.in_flight == epoch.window == 20  # full: the source thread now waits
+    start = time.monotonic()
+    if how == "close":
+        gen.close()
+    else:
+        with pytest.raises(ZeroDivisionError):
+            gen.throw(ZeroDivisionError())
+    assert time.monotonic() - start < 2.0
+    pipeline = [t for t in set(threading.enumerate()) - before if "pipeline" in t.name]
+    assert not [t.name for t in pipeline if t.is_alive()]
+    assert sum(len(y) for _, y in loader) == len(unique_list)  # and the loader goes on
+    loader.close()
