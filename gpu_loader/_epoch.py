@@ -219,7 +219,6 @@ class EpochBase:
         loader = self.loader
         monitor = loader._monitor_for_epoch()
         progress = loader._make_progress(len(self.todo), monitor)
-        ended = False
         try:
             with self.running():
                 try:
@@ -233,7 +232,6 @@ class EpochBase:
                                 raise
                         if produced is None:
                             self.check_not_stopped()  # not a quiet, truncated epoch
-                            ended = True
                             break
                         images, labels, positions = produced
                         self.received.delivered(positions)
@@ -248,13 +246,13 @@ class EpochBase:
                         self.release(len(positions))
                         yield images, labels
                 finally:
-                    if not ended:
-                        # Before `running` stops the pipelines: their source thread may be
-                        # waiting for room in the window (a training loop that broke out
-                        # or raised leaves it full), and only `stopping` ends that wait.
-                        # Without this the pipeline's close waited out its 10 s join
-                        # timeout for it (seen in 1 of ~30 test runs).
-                        self.stop_feeding()
+                    # Before `running` stops the pipelines: their source thread may be
+                    # waiting for room in the window (a training loop that broke out or
+                    # raised leaves it full), and only `stopping` ends that wait. Without
+                    # this the pipeline's close waited out its 10 s join timeout for it
+                    # (seen in 1 of ~30 test runs). At the epoch's end every thread has
+                    # finished, and this changes nothing.
+                    self.stop_feeding()
             self.finished = True
             loader._epoch_finished()
         finally:

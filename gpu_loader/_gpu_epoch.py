@@ -51,8 +51,7 @@ class GpuEpoch(EpochBase):
         super().__init__(loader, resume)
         opts = loader.options
         self.ports = opts.gpu_ports if opts.gpu_ports is not None else _cuda_ports(loader)
-        self.arena = loader._gpu_arena(self.ports)
-        self.pixel_arena = loader._gpu_pixel_arena(self.ports)
+        self.arena, self.pixel_arena = loader._gpu_arenas(self.ports)
         self.workers = loader._gpu_workers(self.ports)
         self.gpu_failures: list[FailedSample] = []
         self.gpu_failures_lock = threading.Lock()

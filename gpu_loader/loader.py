@@ -231,11 +231,9 @@ class ImageLoader:
         self._active: weakref.ref[EpochBase] | None = None
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
-        self._arena: PinnedArena | None = None
+        self._arenas: tuple[PinnedArena, PinnedArena] | None = None
         self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
-        self._pixel_arena: PinnedArena | None = None
-        self._pixel_arena_ports: GpuPorts | None = None
         self._gpu_worker_pool: WorkerPool | None = None
         self._logger: JsonlLogger | None = None
 
@@ -403,30 +401,20 @@ class ImageLoader:
             self._pool = BatchPool(tail, dtype, keep=keep)
         return self._pool
 
-    def _gpu_arena(self, ports: GpuPorts) -> PinnedArena:
-        """The pinned arena for fetched bytes, allocated once and reused every epoch."""
+    def _gpu_arenas(self, ports: GpuPorts) -> tuple[PinnedArena, PinnedArena]:
+        """The pinned arenas, made once and reused every epoch: one for fetched bytes, and
+        one a quarter of its size for decoded non-JPEG pixels on their way to the GPU
+        (allocated at its first use)."""
         from gpu_loader.cuda import PinnedArena
 
-        if self._arena is None or self._arena_ports is not ports:
-            self._arena = PinnedArena(
-                self.options.arena_bytes, allocator=ports.runtime.alloc_pinned
+        if self._arenas is None or self._arena_ports is not ports:
+            alloc = ports.runtime.alloc_pinned
+            self._arenas = (
+                PinnedArena(self.options.arena_bytes, allocator=alloc),
+                PinnedArena(self.options.arena_bytes // 4, allocator=alloc, lazy=True),
             )
             self._arena_ports = ports
-        return self._arena
-
-    def _gpu_pixel_arena(self, ports: GpuPorts) -> PinnedArena:
-        """Pinned room for decoded non-JPEG pixels on their way to the GPU: a quarter of
-        `arena_bytes` beside the fetch arena, allocated at first use, reused every epoch."""
-        from gpu_loader.cuda import PinnedArena
-
-        if self._pixel_arena is None or self._pixel_arena_ports is not ports:
-            self._pixel_arena = PinnedArena(
-                self.options.arena_bytes // 4,
-                allocator=ports.runtime.alloc_pinned,
-                lazy=True,
-            )
-            self._pixel_arena_ports = ports
-        return self._pixel_arena
+        return self._arenas
 
     def _gpu_workers(self, ports: GpuPorts) -> WorkerPool:
         """GPU worker states (stream + decoder), kept across epochs like the arena."""

@@ -8,7 +8,8 @@ Two engine ops and a consumer-side call:
   Input that is not a JPEG (PNG, WebP, ...) is decoded right there on the CPU: the
   GPU decoders do not take it, and one PNG decoded in a GPU worker held its whole batch
   (measured on an H100: 23 of 36 ms per 64-image batch with 2% PNGs). Its pixels are
-  copied into the pinned arena when there is room, so their upload is asynchronous.
+  copied into a separate pinned pixel arena when it has room, so their upload is
+  asynchronous.
 - :class:`GpuBatchStage` (one engine ``pipe`` with ``worker_init``): each worker thread
   owns one stream and one decoder, made once in :meth:`GpuBatchStage.worker_init`.
   Per batch: decode all JPEGs in one call on the stream, upload the images the fetch
@@ -192,19 +193,15 @@ class GpuFetcher:
         ordinary memory instead: its upload is slower, and the in-flight window still
         bounds how many samples are out. ``overflows`` counts them.
         """
-        if self.overflow_after_s is None:
-            return self.arena.fetch(
-                self.source, index, key=key, timeout=self.timeout, stop_event=self.stop_event
-            )
+        overflow = self.overflow_after_s
+        wait = self.timeout if overflow is None else overflow
         try:
             return self.arena.fetch(
-                self.source,
-                index,
-                key=key,
-                timeout=self.overflow_after_s,
-                stop_event=self.stop_event,
+                self.source, index, key=key, timeout=wait, stop_event=self.stop_event
             )
         except ArenaFullError:
+            if overflow is None:
+                raise
             with self._overflow_lock:
                 self.overflows += 1
                 first = self.overflows == 1
@@ -214,7 +211,7 @@ class GpuFetcher:
                     "later such sample into ordinary memory (slower uploads); a larger "
                     "LoaderOptions(arena_bytes=...) avoids this",
                     self.arena.capacity,
-                    self.overflow_after_s,
+                    overflow,
                     key,
                 )
             return None, memoryview(bytearray(self.source.read(index)))

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from gpu_loader.cuda._arena import ALIGN, ArenaFullError, PinnedArena
-from gpu_loader.cuda._gpu_stage import GpuBatch, GpuFetcher, handoff
+from gpu_loader.cuda._gpu_stage import (
+    FetchedSample,
+    GpuBatch,
+    GpuBatchStage,
+    GpuFetcher,
+    handoff,
+)
 from gpu_loader.cuda._standin_device import StandinRuntime
 from gpu_loader.ops import DecodeError
 from tests.cuda.conftest import (
@@ -118,6 +124,13 @@ def test_one_batch_decode_call_per_batch(dataset: Dataset) -> None:
     assert state.decoder.sizes == [jpegs]  # type: ignore[attr-defined]
 
 
+def stage_one(stage: GpuBatchStage, runtime: StandinRuntime, sample: FetchedSample) -> np.ndarray:
+    """The stage's output image for one sample, read back on the host."""
+    images, _ = handoff(stage([sample], stage.worker_init()))
+    image: np.ndarray = runtime.to_host(images).numpy()[0]
+    return image
+
+
 def test_decoded_pixels_are_staged_in_the_pixel_arena_and_uploaded_from_there(
     dataset: Dataset,
 ) -> None:
@@ -135,12 +148,10 @@ def test_decoded_pixels_are_staged_in_the_pixel_arena_and_uploaded_from_there(
     assert runtime.is_pinned(sample.host.array)
     assert arena.stats().live_slices == 0  # the encoded bytes went back at once
     assert pixels.stats().live_slices == 1
-    batch = stage([sample], stage.worker_init())
-    images, _ = handoff(batch)
-    host = runtime.to_host(images).numpy()
+    image = stage_one(stage, runtime, sample)
     assert runtime.violations == []
     expected = reference((dataset.root / "e.png").read_bytes(), index)
-    assert np.abs(host[0] - expected).max() < 0.02
+    assert np.abs(image - expected).max() < 0.02
     assert pixels.stats().live_slices == 0
 
 
@@ -174,11 +185,9 @@ def test_decoded_pixels_stay_pageable_when_the_pixel_arena_has_no_room(
     (sample,), _ = fetch_all(dataset.source, arena, [index], pixels)
     assert sample.host is not None and sample.slice is None
     assert not runtime.is_pinned(sample.host.array)
-    batch = stage([sample], stage.worker_init())
-    images, _ = handoff(batch)
-    host = runtime.to_host(images).numpy()
+    image = stage_one(stage, runtime, sample)
     expected = reference((dataset.root / "e.png").read_bytes(), index)
-    assert np.abs(host[0] - expected).max() < 0.02
+    assert np.abs(image - expected).max() < 0.02
     assert runtime.violations == []
     hog.release()
     assert arena.stats().in_use == 0 and pixels.stats().in_use == 0
@@ -206,11 +215,9 @@ def test_a_fetch_with_no_hole_large_enough_reads_outside_the_arena(dataset: Data
     sample = fetcher.fetch(0, index)
     assert sample.slice is None and bytes(sample.data) == encoded
     assert fetcher.overflows == 1
-    batch = stage([sample], stage.worker_init())
-    images, _ = handoff(batch)
-    host = runtime.to_host(images).numpy()
+    image = stage_one(stage, runtime, sample)
     assert runtime.violations == []
-    assert np.abs(host[0] - reference(encoded, index)).max() < 0.02
+    assert np.abs(image - reference(encoded, index)).max() < 0.02
     # Without `overflow_after_s` the fetch keeps the old contract: it waits, then fails.
     strict = GpuFetcher(dataset.source, arena, TRANSFORM, seed=0, epoch=0, timeout=0.05)
     with pytest.raises(ArenaFullError, match="no room"):

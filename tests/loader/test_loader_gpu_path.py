@@ -66,9 +66,10 @@ def test_matches_the_cpu_path(unique_list: FileList) -> None:
     loader = make(unique_list, transform=transform, seed=3)
     gpu = [(x.clone(), y) for x, y in loader]
     # The PNGs' decoded pixels went up from the pixel arena, and every slice came back.
-    pixels, fetched = loader._gpu_pixel_arena(loader.options.gpu_ports), loader._arena
+    assert loader._arenas is not None
+    fetched, pixels = loader._arenas
     assert pixels.stats().acquires > 0 and pixels.stats().live_slices == 0
-    assert fetched is not None and fetched.stats().live_slices == 0
+    assert fetched.stats().live_slices == 0
     assert len(cpu) == len(gpu)
     for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
         assert torch.equal(yc, yg), "ordered mode: same batches on both paths"
