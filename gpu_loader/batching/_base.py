@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from gpu_loader.batching._ledger import READY, Ledger
 from gpu_loader.batching._plan import Batch, BatcherStats, BatchPlan
 
 T = TypeVar("T")
+
+CALLER_WAITS: Final = "caller waits"
+"""What `_select` returns when a batch is held back because the caller asked for it
+(``moves=False`` or ``wait_for``), not by the batcher's own rules."""
 
 
 class BatcherBase(Generic[T]):
@@ -63,18 +67,27 @@ class BatcherBase(Generic[T]):
             self._on_completed(position, ok=False)
 
     # -- draining ------------------------------------------------------------------------
-    def pop(self, *, moves: bool = True) -> Batch[T] | None:
+    def pop(self, *, moves: bool = True, wait_for: Collection[int] = ()) -> Batch[T] | None:
         """The next batch if one can be emitted now, else None (never blocks).
 
         ``moves=False`` emits only a batch that moves no sample: one whose positions are
         the next ones to deliver, with no incomplete position below them (ordered
         batching's batch). A loader passes it while the training loop still has batches
-        queued, so samples move only when waiting for them would stall it. Ordered
-        batches never move samples, so the flag changes nothing there; a pop refused
-        because of it does not count as held back.
+        queued, so samples move only when waiting for them would stall it.
+
+        ``wait_for`` names incomplete positions a batch must not leave behind: while one
+        of them would be skipped, the pop waits for it as with ``moves=False`` (positions
+        that completed meanwhile are ignored). A loader names the samples whose moving
+        would cost more than waiting for them (the CPU path: samples already in a row of
+        the tensor the batch would be built on).
+
+        Ordered batches never move samples, so neither changes anything there; a pop
+        refused because of them does not count as held back.
         """
         with self._lock:
-            positions = self._select(moves)
+            positions = self._select(moves, wait_for)
+            if isinstance(positions, str):  # CALLER_WAITS
+                return None
             if positions is None:
                 if moves and self._ready_count() >= self.plan.batch_size:
                     self._held_back += 1
@@ -166,9 +179,9 @@ class BatcherBase(Generic[T]):
     def _ready_count(self) -> int:
         return len(self._items)
 
-    def _select(self, moves: bool) -> list[int] | None:
-        """Positions of the next batch (removing them from the waiting set), or None;
-        with ``moves=False``, None unless the batch would move no sample."""
+    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
+        """Positions of the next batch (removing them from the waiting set), or None, or
+        `CALLER_WAITS` when only ``moves=False`` or ``wait_for`` holds it back."""
         raise NotImplementedError
 
     def _emit(self, positions: list[int]) -> Batch[T]:

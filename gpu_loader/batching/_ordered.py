@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Literal, TypeVar
 
 from gpu_loader.batching._base import BatcherBase
@@ -49,7 +49,7 @@ class OrderedBatcher(BatcherBase[T]):
         for b in range(self.plan.num_batches):
             self._missing[b] = sum(status[p] < READY for p in self.plan.batch_range(b))
 
-    def _select(self, moves: bool) -> list[int] | None:
+    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
         status = self._ledger.status
         while self._next < self.plan.num_batches and self._missing[self._next] == 0:
             members = self.plan.batch_range(self._next)

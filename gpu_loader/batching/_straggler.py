@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Literal, TypeVar
 
-from gpu_loader.batching._base import BatcherBase, check_delay
+from gpu_loader.batching._base import CALLER_WAITS, BatcherBase, check_delay
+from gpu_loader.batching._ledger import READY
 
 T = TypeVar("T")
 
@@ -26,6 +27,8 @@ class StragglerBatcher(BatcherBase[T]):
       the consumer waits for that straggler. Positions above the mark have not entered the
       pipeline and belong to the future; an unstarted position below it (a start order
       reordered by `order_by_cost`) counts as pending, so the bound holds for it too.
+    * ``pop(moves=False)`` emits only a batch that skips no incomplete position, and
+      ``pop(wait_for=...)`` one that skips none of the named ones (see `BatcherBase.pop`).
     * Every kept position is delivered exactly once or reported failed. Once all of them
       have completed, the tail is emitted, the last batch short when ``n - failed`` is not a
       multiple of ``B``.
@@ -65,15 +68,20 @@ class StragglerBatcher(BatcherBase[T]):
         if ok:
             heapq.heappush(self._heap, position)
 
-    def _select(self, moves: bool) -> list[int] | None:
+    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
         heap, ledger, size = self._heap, self._ledger, self.plan.batch_size
         if not heap or (len(heap) < size and not ledger.done):
             return None
         low = ledger.low()
         if low < ledger.highwater and low // size + self._max_delay <= self._emitted:
             return None  # emitting now would push `low` past its bound: wait for it
-        if not moves and heapq.nsmallest(size, heap)[-1] > low:
-            return None  # the batch would skip the incomplete position `low`
+        top = heapq.nsmallest(size, heap)[-1]
+        if top > low:  # the batch would skip incomplete positions in [low, top)
+            if not moves:
+                return CALLER_WAITS
+            status = ledger.status
+            if any(low <= p < top and status[p] < READY for p in wait_for):
+                return CALLER_WAITS
         # Smallest positions first is earliest-deadline-first: while the bound above holds
         # for every incomplete position, it also holds for the ready ones left out.
         return [heapq.heappop(heap) for _ in range(min(size, len(heap)))]

@@ -296,11 +296,34 @@ def test_pop_with_moves_takes_the_ready_samples_the_same_call_would_wait_for() -
     assert b.stats().moved == 1 and b.stats().max_delay == 1
 
 
+def test_pop_waits_for_a_named_position_it_would_skip() -> None:
+    b = head_of_line_missing()
+    # Position 0 is incomplete and named: the batch waits for it, as without moves.
+    assert b.pop(wait_for=[0, 6]) is None
+    assert b.stats().held_back == 0  # a refusal the caller asked for, not the bound
+    # Named positions the batch would not skip (above it) do not hold it.
+    batch = b.pop(wait_for=[5, 6, 7])
+    assert batch is not None and batch.positions == (1, 2, 3, 4)
+
+
+def test_a_named_position_holds_the_batch_only_until_it_completes() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
+    for p in range(8):
+        b.started(p)
+    for p in (0, 2, 4, 5):
+        b.push(p, p)
+    assert b.pop(wait_for=[3]) is None  # the batch (0, 2, 4, 5) would skip 1 and 3
+    b.push(3, 3)
+    # Position 3 is ready now: the batch skips only position 1, which is not named.
+    batch = b.pop(wait_for=[3])
+    assert batch is not None and batch.positions == (0, 2, 3, 4)
+
+
 def test_ordered_batches_ignore_moves() -> None:
     b: OrderedBatcher[int] = OrderedBatcher(2, 4)
     for p in range(4):
         b.push(p, p)
-    first = b.pop(moves=False)
+    first = b.pop(moves=False, wait_for=[0, 1])
     assert first is not None and first.positions == (0, 1)
-    second = b.pop(moves=True)
+    second = b.pop(moves=True, wait_for=[2])
     assert second is not None and second.positions == (2, 3)
