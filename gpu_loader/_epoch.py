@@ -172,7 +172,7 @@ class EpochBase:
         self,
         completions: Iterable[Any],
         item: Callable[[Any], Any],
-        moves: Callable[[], bool] = lambda: True,
+        pop: Callable[[], Batch[Any] | None] | None = None,
     ) -> Iterator[Batch[Any]]:
         """Feed a pipeline's completions to the batcher (``item(done)`` at ``done.position``);
         yield each batch it emits, then the epoch's tail (not when the epoch was stopped:
@@ -180,15 +180,16 @@ class EpochBase:
 
         ``completions`` must include the engine's idle ticks (``iterate(idle_s=...)``): a
         failure noted after the last completion must still reach the batcher, or a window
-        full of samples waiting for it would never move. ``moves()`` is asked before each
-        ``pop`` (see `Batcher.pop`).
+        full of samples waiting for it would never move. ``pop()`` takes the next batch
+        (default: ``batcher.pop()``; see `Batcher.pop` for what a caller may ask).
         """
         batcher = self.batcher
+        pop = batcher.pop if pop is None else pop
         for done in completions:
             self.drain_failures()
             if done is not IDLE:
                 batcher.push(done.position, item(done))
-            while (batch := batcher.pop(moves=moves())) is not None:
+            while (batch := pop()) is not None:
                 yield batch
         if self.stopping.is_set():
             return
@@ -336,6 +337,7 @@ class CpuEpoch(EpochBase):
                 self.batcher.plan, self.new_batch, self.new_sample, self.recycle
             )
         order: Literal["completion"] = "completion"
+        self.decode_lane = self.slow_lane(loader.decode_threads)
         self.pipeline = (
             PipelineBuilder()
             .add_source(self.source())
@@ -355,7 +357,7 @@ class CpuEpoch(EpochBase):
                 output_order=order,
                 max_failures=loader.max_failures,
                 key_fn=task_key,
-                slow_lane=self.slow_lane(loader.decode_threads),
+                slow_lane=self.decode_lane,
             )
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()
@@ -375,7 +377,8 @@ class CpuEpoch(EpochBase):
 
     def decode(self, task: Task) -> Task:
         loader = self.loader
-        placed = self.rows.place(task.position) if self.rows is not None else None
+        rows = self.rows
+        placed = rows.place(task.position, len(task.data or b"")) if rows is not None else None
         try:
             out = placed.array if placed is not None else self.slot(task.position)
             load_into(
@@ -457,15 +460,33 @@ class CpuEpoch(EpochBase):
         minus the formed batches to work with.
         """
         try:
-            # Straggler mode moves samples only when the training loop has nothing
-            # queued: while it has, waiting for a straggler costs it nothing, and an
-            # unmoved batch is built without copies (see `_straggler_rows`).
-            for batch in self.feed_batcher(stream, lambda task: task.out, moves=self.formed.empty):
+            for batch in self.feed_batcher(stream, self.arrived, self.pop_batch):
                 self.formed.put(self.assemble(batch))
             if not self.stopping.is_set():  # a stopped epoch gets no tail and no end marker
                 self.formed.put(None)
         except BaseException as exc:  # crosses to the training loop, traceback intact
             self.formed.put(exc)
+
+    def pop_batch(self) -> Batch[Any] | None:
+        """The batcher's next batch. Straggler mode moves samples only when the training
+        loop has nothing queued (while it has, waiting for a straggler costs it nothing,
+        and an unmoved batch is built without copies), and not a sample in a row of its
+        batch's tensor unless it is a straggler by the decode stage's slow-lane limit
+        (`StragglerRows.hold_back`)."""
+        moves = self.formed.empty()
+        if not moves or self.rows is None:
+            return self.batcher.pop(moves=moves)
+        lane = self.decode_lane
+        # `slow_lane` builds an AdaptiveThreshold, which is thread-safe: it may be asked
+        # from this thread too, not only under the stage's lock.
+        limit = lane.threshold.limit() if lane is not None else None
+        return self.batcher.pop(wait_for=self.rows.hold_back(limit))
+
+    def arrived(self, task: Task) -> Any:
+        """What the batcher holds for a completed task (its output's place)."""
+        if self.rows is not None:
+            self.rows.arrived(task.position)
+        return task.out
 
     # -- consuming (the training loop's thread) -----------------------------------------
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
@@ -493,7 +514,7 @@ class CpuEpoch(EpochBase):
                 return formed.get_nowait()
             except queue.Empty:
                 pass
-            if self.rows is not None and (batch := self.batcher.pop()) is not None:
+            if self.rows is not None and (batch := self.pop_batch()) is not None:
                 return self.assemble(batch)
             try:
                 return formed.get(timeout=0.005)

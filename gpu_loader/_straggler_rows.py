@@ -14,9 +14,11 @@ mode, and a batch the batcher emits is built on a slab that no decode still writ
   into the host's rows whose samples left earlier, failed or have not been decoded, and
   the host is sealed: it goes to the training loop and nothing writes to it again;
 * a sample whose slab is sealed (it is late: its batch went without it) decodes into a
-  private, recycled tensor and is copied into the batch it joins;
+  private, recycled tensor and is copied into the batch it joins; so does a file much
+  larger than recent ones (expected to be slow), so that its batch can go without it;
 * when no slab can host (its straggler is still decoding into it), the batch is copied
-  into a fresh tensor, as before.
+  into a fresh tensor. The loader avoids that case: it does not let a batch skip a
+  sample in a row of its slab until that decode is a straggler (`hold_back`).
 
 So a batch that equals its nominal batch (the usual case while the loader is ahead)
 costs no copy, and a moved sample costs one row copy. Row order then follows the host,
@@ -27,13 +29,17 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpu_loader.batching import BatchPlan
+from gpu_loader.batching import AdaptiveThreshold, BatchPlan
+
+LARGE_FILE_FACTOR = 4.0
+"""A file more than this many times the median size of recent ones decodes privately."""
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +104,7 @@ class StragglerRows:
         new_batch: Callable[[int], torch.Tensor],
         new_sample: Callable[[], torch.Tensor],
         recycle: Callable[[torch.Tensor], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
         self._new_batch = new_batch
@@ -108,14 +115,39 @@ class StragglerRows:
         self._gone: collections.Counter[int] = collections.Counter()  # emitted or failed
         # Private tensors of late samples, reused (deque append/pop are atomic).
         self._spare: collections.deque[torch.Tensor] = collections.deque()
+        # Positions with a slab row whose sample the batcher has not received, with the
+        # clock() reading when their decode began (None once it ended): a batch that
+        # skipped one could not be built on that slab (see `hold_back`).
+        self._in_transit: dict[int, float | None] = {}
+        self._clock = clock
+        # Encoded sizes seen lately: their median times LARGE_FILE_FACTOR marks the files
+        # expected to decode slowly (an AdaptiveThreshold over sizes instead of durations).
+        self._sizes = AdaptiveThreshold(
+            percentile=0.5, factor=LARGE_FILE_FACTOR, window=256, min_samples=32
+        )
+        self.private_large = 0
+        """Samples decoded into a private tensor because their file was large."""
         self.copied_rows = 0
         """Rows copied into a batch (moved samples, or every row of a fallback batch)."""
         self.hosted = 0
         """Batches built on a slab."""
 
     # -- worker threads ------------------------------------------------------------------
-    def place(self, position: int) -> Placed:
-        """Where to decode ``position``; call `finished` after, whatever happens."""
+    def place(self, position: int, nbytes: int | None = None) -> Placed:
+        """Where to decode ``position`` (``nbytes``: its encoded size, if known); call
+        `finished` after, whatever happens.
+
+        A file much larger than recent ones (`LARGE_FILE_FACTOR` x their median) is
+        expected to decode slowly, so it decodes into a private tensor: if its batch is
+        due before it ends, the batch goes without it and is still built on its slab
+        (one row copy when it is on time, instead of a whole batch when it is late).
+        """
+        if nbytes is not None:
+            limit = self._sizes.limit()
+            self._sizes.observe(float(nbytes))
+            if limit is not None and nbytes > limit:
+                self.private_large += 1
+                return Placed(None, -1, self._take_spare())
         b = position // self.plan.batch_size
         with self._lock:
             slab = self._slabs.get(b)
@@ -125,6 +157,7 @@ class StragglerRows:
                 self._slabs[b] = slab
             if not slab.sealed:
                 slab.writers += 1
+                self._in_transit[position] = self._clock()
                 return Placed(slab, position - b * self.plan.batch_size)
         return Placed(None, -1, self._take_spare())  # its batch went without it: late
 
@@ -135,15 +168,46 @@ class StragglerRows:
             if not ok and placed.private is not None:
                 self._spare.append(placed.private)
             return
+        position = slab.index * self.plan.batch_size + placed.row
         with self._lock:
             slab.writers -= 1
+            if position in self._in_transit:
+                self._in_transit[position] = None  # decoded: on its way to the batcher
             if ok:
                 slab.held.add(placed.row)
 
+    def hold_back(self, straggler_after_s: float | None) -> list[int]:
+        """Positions a batch should wait for rather than leave behind: those in a row of
+        their slab that the batcher has not received (`arrived`), except decodes running
+        for longer than ``straggler_after_s`` (None: no exception).
+
+        A batch that left one of them behind could not be built on that slab (a decode
+        still writes to it, or a finished row would be overwritten), so it would be
+        copied whole (the fallback above): at 128 x 224 x 224 float32, 40-90 ms on the
+        2-core dev machine, far more than the rest of a decode that has not yet turned
+        into a straggler, or than the moment a decoded sample takes to reach the batcher.
+        The loader passes these as ``pop(wait_for=...)``, with the decode stage's slow-lane
+        limit: samples waiting for their read, decoding into a private tensor, or
+        running past that limit still move.
+        """
+        now = self._clock()
+        with self._lock:
+            return [
+                p
+                for p, began in self._in_transit.items()
+                if began is None or straggler_after_s is None or now - began <= straggler_after_s
+            ]
+
     # -- the batcher thread --------------------------------------------------------------
+    def arrived(self, position: int) -> None:
+        """The batcher has received ``position``'s sample."""
+        with self._lock:
+            self._in_transit.pop(position, None)
+
     def failed(self, position: int) -> None:
         """``position`` failed (read or decode): its row, if any, is free."""
         with self._lock:
+            self._in_transit.pop(position, None)
             self._leave([position])
 
     def assemble(

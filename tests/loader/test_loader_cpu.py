@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -266,6 +268,50 @@ def test_straggler_rows_hold_the_sample_their_label_names(
                 dtype="float32",
             )
             assert np.array_equal(out, x[row].numpy())
+
+
+def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
+    unique_list: FileList, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file many times the median size decodes into a private tensor, so when it is
+    # late its batch goes without it and is still built on its nominal batch's tensor.
+    from PIL import Image
+
+    import gpu_loader._epoch as epoch_module
+    from gpu_loader._straggler_rows import StragglerRows
+
+    big = tmp_path / "big.jpg"
+    noise = np.random.default_rng(0).integers(0, 256, (600, 600, 3), np.uint8)
+    Image.fromarray(noise).save(big, quality=95)
+    items = [(unique_list.key(i), i) for i in range(len(unique_list))]
+    big_label = len(items)
+    items.insert(40, (str(big), big_label))  # position 40: nominal batch 8 of 5
+    real = epoch_module.load_into
+
+    def slow_for_big(data: Any, *args: Any, **kw: Any) -> Any:
+        if len(data) > 200_000:
+            time.sleep(0.5)  # a straggler decode
+        return real(data, *args, **kw)
+
+    whole_copies = []
+    pick = StragglerRows._pick_host
+
+    def spy(self: StragglerRows, placed: Any, size: int) -> Any:
+        host = pick(self, placed, size)
+        if host is None and size == self.plan.batch_size:  # not the short last batch
+            whole_copies.append(size)
+        return host
+
+    monkeypatch.setattr(epoch_module, "load_into", slow_for_big)
+    monkeypatch.setattr(StragglerRows, "_pick_host", spy)
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2, max_delay_batches=2)
+    loader = make(
+        FileList(items), batch_size=5, batching="straggler", shuffle=False, options=options
+    )
+    labels = labels_of(run_epoch(loader))
+    assert sorted(labels) == list(range(len(items)))
+    assert labels.index(big_label) >= 45  # it joined a later batch than its own
+    assert whole_copies == []
 
 
 def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileList) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,12 +18,12 @@ B = 4
 class Rows:
     """A StragglerRows over tiny tensors, with the allocations it made counted."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.batches = 0
         self.samples = 0
         self.recycled: list[torch.Tensor] = []
         self.rows = StragglerRows(
-            BatchPlan(n, B), self.new_batch, self.new_sample, self.recycled.append
+            BatchPlan(n, B), self.new_batch, self.new_sample, self.recycled.append, clock
         )
 
     def new_batch(self, rows: int) -> torch.Tensor:
@@ -99,6 +101,39 @@ def test_failed_rows_are_free_and_unused_tensors_are_recycled() -> None:
     images2, order2 = r.rows.assemble([5, 6, 7], second)
     assert order2 == [5, 6, 7] and rows_hold(images2, order2)
     assert len(r.recycled) == 1 and r.recycled[0].data_ptr() == slab
+
+
+def test_hold_back_names_samples_in_rows_until_the_batcher_has_them() -> None:
+    now = [0.0]
+    r = Rows(12, clock=lambda: now[0])
+    decoding = r.rows.place(1)  # writing into row 1 of batch 0's tensor
+    r.decode(2)  # decoded, on its way to the batcher
+    now[0] = 0.8
+    younger = r.rows.place(9)
+    assert sorted(r.rows.hold_back(1.0)) == [1, 2, 9]
+    now[0] = 1.6  # position 1 has decoded for 1.6 s, a straggler by a 1 s limit; 9 for 0.8
+    assert sorted(r.rows.hold_back(1.0)) == [2, 9]
+    assert sorted(r.rows.hold_back(None)) == [1, 2, 9]  # no limit known: hold all
+    r.rows.arrived(2)
+    r.rows.finished(decoding, ok=False)
+    r.rows.failed(1)
+    r.rows.finished(younger, ok=True)
+    now[0] = 5.0
+    assert r.rows.hold_back(0.5) == [9]  # decoded, not yet at the batcher: held
+    r.rows.arrived(9)
+    assert r.rows.hold_back(None) == []
+
+
+def test_a_file_much_larger_than_recent_ones_decodes_privately() -> None:
+    r = Rows(200)
+    for p in range(40):  # sizes around 1000 bytes: the median
+        placed = r.rows.place(p, nbytes=900 + 5 * p)
+        assert placed.slab is not None
+        r.rows.finished(placed, ok=True)
+    big = r.rows.place(40, nbytes=5000)  # > 4 x the median
+    assert big.slab is None and big.private is not None and r.rows.private_large == 1
+    assert 40 not in r.rows.hold_back(None)  # its batch may go without it
+    assert r.rows.place(41, nbytes=3000).slab is not None  # large, but under 4x
 
 
 def test_concurrent_decodes_and_assembly_deliver_every_sample_once() -> None:
