@@ -146,7 +146,8 @@ class StragglerRows:
             limit = self._sizes.limit()
             self._sizes.observe(float(nbytes))
             if limit is not None and nbytes > limit:
-                self.private_large += 1
+                with self._lock:
+                    self.private_large += 1
                 return Placed(None, -1, self._take_spare())
         b = position // self.plan.batch_size
         with self._lock:

@@ -314,6 +314,36 @@ def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
     assert whole_copies == []
 
 
+def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Leaving behind a sample that decodes into its nominal batch's tensor would cost a
+    # copy of the whole batch, so the batch waits for it while it is under the decode
+    # stage's slow-lane limit (here a 10 s floor: never reached).
+    import gpu_loader._epoch as epoch_module
+    from gpu_loader.batching import AdaptiveThreshold
+    from gpu_loader.pipeline import SlowLane
+
+    slow_key = unique_list.key(20)  # position 20 (shuffle off): nominal batch 4 of 5
+    real = epoch_module.load_into
+
+    def slow_for_one(data: Any, *args: Any, key: str = "?", **kw: Any) -> Any:
+        if key == slow_key:
+            time.sleep(0.3)
+        return real(data, *args, key=key, **kw)
+
+    def lane(self: Any, threads: int) -> SlowLane:
+        return SlowLane(max_threads=threads, threshold=AdaptiveThreshold(floor_s=10.0))
+
+    monkeypatch.setattr(epoch_module, "load_into", slow_for_one)
+    monkeypatch.setattr(epoch_module.CpuEpoch, "slow_lane", lane)
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2, max_delay_batches=2)
+    loader = make(unique_list, batch_size=5, batching="straggler", shuffle=False, options=options)
+    labels = labels_of(run_epoch(loader))
+    assert sorted(labels) == list(range(len(unique_list)))
+    assert labels.index(20) // 5 == 4  # delivered in its own batch: waited for
+
+
 def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileList) -> None:
     before = set(threading.enumerate())
     loader = make(unique_list, batch_size=16)
