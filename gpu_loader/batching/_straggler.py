@@ -75,7 +75,9 @@ class StragglerBatcher(BatcherBase[T]):
         low = ledger.low()
         if low < ledger.highwater and low // size + self._max_delay <= self._emitted:
             return None  # emitting now would push `low` past its bound: wait for it
-        top = heapq.nsmallest(size, heap)[-1]
+        # The batch's largest position, only when the caller restricts what it may skip:
+        # pop runs after every completion, and a free pop needs no look at the heap.
+        top = heapq.nsmallest(size, heap)[-1] if not moves or wait_for else low
         if top > low:  # the batch would skip incomplete positions in [low, top)
             if not moves:
                 return CALLER_WAITS
