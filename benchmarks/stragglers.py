@@ -186,6 +186,8 @@ def worker(
                         "mean_delay": b.mean_moved_delay,
                         "max_delay": b.max_delay,
                         "held_back_s": b.held_back_s,
+                        "rows_copied": b.rows_copied,
+                        "batches_copied": b.batches_copied,
                     }
                 )
     # The first batch's wait is start-up (threads, first decodes), the same for all systems.
@@ -211,6 +213,10 @@ def worker(
             else None
         ),
         "max_delay_batches": max(m["max_delay"] for m in moved) if moved else None,
+        # What moving samples cost the CPU loader: rows copied into batches, and batches
+        # copied whole because no nominal batch's tensor could hold them.
+        "rows_copied": sum(m["rows_copied"] for m in moved) if moved else None,
+        "batches_copied": sum(m["batches_copied"] for m in moved) if moved else None,
     }
 
 
@@ -354,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         ("moved", "moved samples"),
         ("mean_delay_batches", "mean delay (batches)"),
         ("max_delay_batches", "max delay"),
+        ("batches_copied", "whole-batch copies"),
         ("peak_pss_mb", "peak PSS MB"),
         ("error", "error"),
     ]

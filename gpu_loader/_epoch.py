@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from gpu_loader._straggler_rows import StragglerRows, as_numpy
 from gpu_loader.batching import (
     AdaptiveThreshold,
     Batch,
+    BatcherStats,
     OrderedBatcher,
     StragglerBatcher,
     order_by_cost,
@@ -304,7 +306,11 @@ class EpochBase:
         self._closed = True
         self.stop_feeding()
         self.shutdown()
-        self.loader._epoch_closed(self.failures(), self.engine_stats(), self.batcher.stats())
+        self.loader._epoch_closed(self.failures(), self.engine_stats(), self.batching_stats())
+
+    def batching_stats(self) -> BatcherStats:
+        """The batcher's counters, with the path's copy counters where it has them."""
+        return self.batcher.stats()
 
 
 class CpuEpoch(EpochBase):
@@ -481,6 +487,18 @@ class CpuEpoch(EpochBase):
         # from this thread too, not only under the stage's lock.
         limit = lane.threshold.limit() if lane is not None else None
         return self.batcher.pop(wait_for=self.rows.hold_back(limit))
+
+    def batching_stats(self) -> BatcherStats:
+        stats = self.batcher.stats()
+        rows = self.rows
+        if rows is None:
+            return stats
+        return dataclasses.replace(
+            stats,
+            rows_copied=rows.copied_rows,
+            batches_copied=rows.fresh,
+            large_private=rows.private_large,
+        )
 
     def arrived(self, task: Task) -> Any:
         """What the batcher holds for a completed task (its output's place)."""

@@ -131,6 +131,8 @@ class StragglerRows:
         """Rows copied into a batch (moved samples, or every row of a fallback batch)."""
         self.hosted = 0
         """Batches built on a slab."""
+        self.fresh = 0
+        """Batches copied whole into a fresh tensor (no slab could host them)."""
 
     # -- worker threads ------------------------------------------------------------------
     def place(self, position: int, nbytes: int | None = None) -> Placed:
@@ -235,6 +237,7 @@ class StragglerRows:
             self._leave(positions)
         self.copied_rows += len(moved)
         self.hosted += host is not None
+        self.fresh += host is None
         for placed in moved:
             if placed.private is not None:
                 self._spare.append(placed.private)

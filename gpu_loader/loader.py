@@ -323,10 +323,11 @@ class ImageLoader:
 
     def batching_stats(self) -> BatcherStats | None:
         """The batcher's record for the running (or last) epoch: batches, moved samples and
-        their delay in batches, held-back time; None before the first epoch."""
+        their delay in batches, held-back time, and (CPU path, straggler mode) the copies
+        that moved samples cost; None before the first epoch."""
         active = self._epoch()
         if active is not None:
-            return active.batcher.stats()
+            return active.batching_stats()
         return self._last_batcher_stats
 
     def close(self) -> None:

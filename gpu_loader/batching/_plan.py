@@ -144,3 +144,12 @@ class BatcherStats:
     (ordered: head-of-line blocking; straggler: the lateness bound waiting for a straggler)."""
     held_back_s: float
     """Clock time spent in that state, from the first such ``pop()`` to the next emission."""
+    rows_copied: int = 0
+    """Sample rows copied to build batches: the samples that moved (CPU loader, straggler
+    mode; 0 elsewhere, where samples are written where they are delivered from)."""
+    batches_copied: int = 0
+    """Batches built in a fresh tensor because no nominal batch's tensor could hold them,
+    every row copied (CPU loader, straggler mode; expected 0 or close to it)."""
+    large_private: int = 0
+    """Samples decoded into a private tensor because their file was much larger than
+    recent ones (CPU loader, straggler mode): each moves, or costs one row copy."""
