@@ -93,6 +93,8 @@ class EpochBase:
     """The window, the source of positions, failures, the consume loop and shutdown."""
 
     finished = False
+    reported = False
+    """Closed, with its failures handed to the loader (set under the loader's lock)."""
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         self.loader = loader
@@ -146,10 +148,16 @@ class EpochBase:
             yield from self.todo
             return
         nbytes, indices, todo = self.loader.source.nbytes, self.indices, self.todo
+
+        def cost(position: int) -> float:
+            try:
+                return float(nbytes(int(indices[position])) or 0)
+            except Exception:  # a missing or unreadable file: its read reports it, with its key
+                return 0.0
+
         for start in range(0, len(todo), lookahead):
             block = todo[start : start + lookahead]
-            costs = [float(nbytes(int(indices[p])) or 0) for p in block]
-            yield from order_by_cost(block, costs, lookahead)
+            yield from order_by_cost(block, [cost(p) for p in block], lookahead)
 
     def note_failure(self, position: int) -> None:
         """Called from a worker thread when a sample fails (the engine records why)."""
@@ -306,7 +314,7 @@ class EpochBase:
         self._closed = True
         self.stop_feeding()
         self.shutdown()
-        self.loader._epoch_closed(self.failures(), self.engine_stats(), self.batching_stats())
+        self.loader._epoch_closed(self, self.failures(), self.engine_stats(), self.batching_stats())
 
     def batching_stats(self) -> BatcherStats:
         """The batcher's counters, with the path's copy counters where it has them."""

@@ -28,6 +28,7 @@ from gpu_loader.monitor import (
 )
 from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform
 from gpu_loader.sources import SampleIndex, Sampler
+from gpu_loader.sources._rng import EPOCH_LIMIT
 
 if TYPE_CHECKING:
     import torch
@@ -244,7 +245,20 @@ class ImageLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (reshuffles; per-sample random crops depend on it too)."""
+        """Select the epoch (reshuffles; per-sample random crops depend on it too).
+
+        After `load_state_dict` of a mid-epoch state, setting the saved epoch again (the
+        training loop's usual call at the top of each epoch) keeps the restored progress:
+        the next iteration yields exactly what that epoch had left.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < EPOCH_LIMIT:
+            raise ValueError(
+                f"`epoch` must be an int in [0, {EPOCH_LIMIT}) (per-sample random streams "
+                f"key on it; pass the epoch number, not a step count), got {epoch!r}"
+            )
+        if self._resume is not None and epoch == self.sampler.epoch:
+            self._explicit_epoch = True
+            return
         self.sampler.set_epoch(epoch)
         self._explicit_epoch = True
         self._epoch_done = False
@@ -289,7 +303,16 @@ class ImageLoader:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from `state_dict()`: the next iteration yields exactly what was left."""
+        """Continue from `state_dict()`: the next iteration yields exactly what was left.
+
+        The whole state is checked first: a state that is refused changes nothing (a
+        running epoch goes on).
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "loader state must be the dict ImageLoader.state_dict() returned, got "
+                f"{type(state).__name__}"
+            )
         if state.get("version") != _STATE_VERSION:
             raise ValueError(
                 f"unsupported loader state version {state.get('version')!r}; "
@@ -301,18 +324,47 @@ class ImageLoader:
                     f"state was saved with {name}={state.get(name)!r} but this loader has "
                     f"{name}={getattr(self, name)!r}; build the loader with the same settings"
                 )
+        if "sampler" not in state:
+            raise ValueError(
+                "loader state has no 'sampler' entry; pass what ImageLoader.state_dict() returned"
+            )
+        self.sampler.check_state(state["sampler"])
+        if state.get("batcher") is not None:
+            self._check_batcher_state(state["batcher"])
         self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._epoch_done = bool(state.get("epoch_done", False))
         self._explicit_epoch = False
         self._resume = state.get("batcher")
 
+    def _check_batcher_state(self, state: Any) -> None:
+        """Raise now, not at the next iteration, for a batcher state this loader's epochs
+        could not take (the resumed epoch builds its batcher the same way)."""
+        from gpu_loader.batching import OrderedBatcher, StragglerBatcher
+
+        if not isinstance(state, Mapping):
+            raise ValueError(
+                f"loader state's 'batcher' entry must be a dict, got {type(state).__name__}"
+            )
+        n, size = len(self.sampler), self.batch_size
+        batcher: OrderedBatcher[Any] | StragglerBatcher[Any]
+        if self.batching == "straggler":
+            batcher = StragglerBatcher(size, n, drop_last=self.drop_last)
+        else:
+            batcher = OrderedBatcher(size, n, drop_last=self.drop_last)
+        try:
+            batcher.load_state_dict(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
+
     def failed_samples(self) -> list[FailedSample]:
         """Every sample not delivered so far, with its key, stage and error."""
-        with self._lock:
-            done = list(self._failed)
         active = self._epoch()
-        return done + (active.failures() if active is not None and not active.finished else [])
+        with self._lock:  # an epoch's records move into `_failed` under this lock
+            done = list(self._failed)
+            if active is not None and not active.reported:
+                done += active.failures()
+        return done
 
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
@@ -436,10 +488,15 @@ class ImageLoader:
         return mode == "gpu" or (mode == "auto" and self.device.type == "cuda")
 
     def _epoch_closed(
-        self, records: list[FailedSample], engine_stats: Any, batcher_stats: BatcherStats
+        self,
+        epoch: EpochBase,
+        records: list[FailedSample],
+        engine_stats: Any,
+        batcher_stats: BatcherStats,
     ) -> None:
         with self._lock:
             self._failed.extend(records)
+            epoch.reported = True  # `failed_samples` now finds its records in `_failed`
             self._last_engine_stats = engine_stats
             self._last_batcher_stats = batcher_stats
         # No thread outlives an epoch: the samplers and the logger start again with the next.

@@ -14,6 +14,8 @@ import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
 _SEED_BITS, _EPOCH_BITS, _INDEX_BITS = 64, 24, 40
+EPOCH_LIMIT = 1 << _EPOCH_BITS
+"""Epochs are numbered from 0 to ``EPOCH_LIMIT - 1`` (the key has 24 bits for them)."""
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:

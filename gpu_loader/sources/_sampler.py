@@ -166,6 +166,12 @@ class Sampler:
         The state's ``rank`` is informational: every rank has the same length and
         progress, so one rank's saved state may be loaded on all of them.
         """
+        self.check_state(state)
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise what `load_state_dict` would raise for ``state``, changing nothing."""
         if not isinstance(state, Mapping):
             raise TypeError(f"sampler state must be a dict, got {type(state).__name__}")
         missing = [k for k in _REQUIRED if k not in state]
@@ -193,8 +199,6 @@ class Sampler:
                 f"sampler state position {state['position']} exceeds the {len(self)} "
                 "samples per rank per epoch"
             )
-        self._epoch = int(state["epoch"])
-        self._position = int(state["position"])
 
 
 def _mismatch(name: str, theirs: object, ours: object) -> str:

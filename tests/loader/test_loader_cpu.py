@@ -97,9 +97,29 @@ def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> No
 
 
 def test_too_many_failures_raise_pipeline_failure(bad_list: tuple[FileList, set[str]]) -> None:
-    source, _ = bad_list
+    source, bad_keys = bad_list
+    loader = make(source, max_failures=2, shuffle=False)
     with pytest.raises(PipelineFailure):
-        run_epoch(make(source, max_failures=2, shuffle=False))
+        run_epoch(loader)
+    # Each failure is listed once, also while the raising epoch's iterator is still alive.
+    failed = loader.failed_samples()
+    assert failed and {f.key for f in failed} <= bad_keys
+    assert max(Counter((f.key, f.epoch) for f in failed).values()) == 1
+    assert loader.stats().failures == len(failed)
+
+
+def test_cost_lookahead_leaves_a_missing_file_to_its_read(
+    bad_list: tuple[FileList, set[str]],
+) -> None:
+    # Sizes for the start order come from the source; a file that is gone must fail its
+    # own read (reported, skipped), not the whole epoch.
+    source, bad_keys = bad_list
+    options = gl.LoaderOptions(cost_lookahead=8)
+    loader = make(source, batching="straggler", max_failures=None, options=options)
+    assert Counter(labels_of(run_epoch(loader))) == Counter(range(30))
+    failed = {f.key: f.stage for f in loader.failed_samples()}
+    assert set(failed) == bad_keys
+    assert failed[next(k for k in bad_keys if k.endswith("missing.jpg"))] == "read"
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -157,6 +177,59 @@ def test_straggler_resume_delivers_the_rest_once(unique_list: FileList) -> None:
     resumed.load_state_dict(state)
     rest = labels_of(run_epoch(resumed))
     assert Counter(seen + rest) == Counter(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_resume_survives_the_training_loops_set_epoch(unique_list: FileList, batching: str) -> None:
+    # The README's loop calls set_epoch(epoch) at the top of every epoch, the restored one
+    # included: that call must not throw the restored progress away.
+    loader = make(unique_list, seed=5, batching=batching)
+    loader.set_epoch(3)
+    it = iter(loader)
+    seen = [int(v) for _ in range(2) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, seed=5, batching=batching)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)
+    rest = labels_of(run_epoch(resumed))
+    assert Counter(seen + rest) == Counter(range(len(unique_list)))
+    # Another epoch, or the same one set again once the restored part was used, is whole.
+    resumed.set_epoch(3)
+    assert sorted(labels_of(run_epoch(resumed))) == list(range(len(unique_list)))
+    again = make(unique_list, seed=5, batching=batching)
+    again.load_state_dict(state)
+    again.set_epoch(4)
+    assert sorted(labels_of(run_epoch(again))) == list(range(len(unique_list)))
+
+
+def test_a_refused_state_changes_nothing(unique_list: FileList) -> None:
+    loader = make(unique_list, seed=2)
+    it = iter(loader)
+    first = next(it)
+    good = make(unique_list, seed=2).state_dict()
+    refused: list[Any] = [
+        make(unique_list, seed=3).state_dict(),  # another seed
+        {**good, "batcher": {"format": "nonsense"}},
+        {**good, "batcher": [1, 2]},
+        {k: v for k, v in good.items() if k != "sampler"},
+        None,
+        [1],
+    ]
+    for state in refused:
+        with pytest.raises((ValueError, TypeError)) as info:
+            loader.load_state_dict(state)
+        assert "state" in str(info.value)
+    rest = [b for b in it]  # the running epoch went on
+    assert sorted(labels_of([first, *rest])) == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**24, 1.0, True])
+def test_set_epoch_refuses_what_the_random_streams_cannot_key(
+    unique_list: FileList, epoch: Any
+) -> None:
+    with pytest.raises(ValueError, match="epoch"):
+        make(unique_list).set_epoch(epoch)
 
 
 def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:
