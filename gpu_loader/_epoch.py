@@ -30,7 +30,14 @@ from gpu_loader.batching import (
 )
 from gpu_loader.batching._ledger import Ledger
 from gpu_loader.ops import load_into
-from gpu_loader.pipeline import IDLE, FailureRecord, PipelineBuilder, SlowLane
+from gpu_loader.pipeline import (
+    IDLE,
+    FailureRecord,
+    PipelineBuilder,
+    PipelineFailure,
+    SlowLane,
+)
+from gpu_loader.pipeline._errors import add_note
 from gpu_loader.sources import sample_rng
 
 if TYPE_CHECKING:
@@ -238,8 +245,10 @@ class EpochBase:
                         with monitor.waiting():
                             try:
                                 produced = self.next_batch()
-                            except Exception:
+                            except Exception as exc:
                                 self.check_not_stopped()  # a stopped epoch's own error is noise
+                                if isinstance(exc, PipelineFailure):
+                                    add_note(exc, self.failure_advice())
                                 raise
                         if produced is None:
                             self.check_not_stopped()  # not a quiet, truncated epoch
@@ -270,6 +279,24 @@ class EpochBase:
             if progress is not None:
                 progress.close(loader.stats())
             self.close()
+
+    def failure_advice(self) -> str:
+        """What a training loop hit by `PipelineFailure` can do, in the loader's terms (the
+        engine's own message speaks of the engine)."""
+        loader = self.loader
+        failed = self.failures()
+        first = f" First: {failed[0].key} ({failed[0].stage}: {failed[0].error})." if failed else ""
+        if loader.on_error == "raise":
+            return (
+                f"ImageLoader(on_error='raise') stops at the first sample that fails.{first} "
+                "loader.failed_samples() lists it; on_error='skip' skips bad samples and "
+                "reports them there instead."
+            )
+        return (
+            f"ImageLoader: more samples failed than max_failures={loader.max_failures!r} "
+            f"allows (a limit per stage: read, decode).{first} loader.failed_samples() lists "
+            "each with its key; pass a larger max_failures (None: no limit) to go on."
+        )
 
     def stop_feeding(self) -> None:
         """Stop starting samples: wake the source thread if it waits for the window."""

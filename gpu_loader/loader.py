@@ -1,10 +1,11 @@
 """`ImageLoader`: the torch-facing iterable over batches of images and labels.
 
 One epoch is one engine pipeline: the sampler's positions -> `read` (I/O threads) ->
-`decode` (decode + transform threads, GIL-free) -> a batcher in the consuming thread.
-In ``ordered`` mode every sample is written straight into its slot of its batch's
-preallocated tensor; in ``straggler`` mode it is written into its own tensor and batches
-are assembled from whichever samples are ready (see `gpu_loader.batching`).
+`decode` (decode + transform threads, GIL-free) -> a batcher thread -> the training loop.
+Every sample is written straight into its row of its nominal batch's tensor; in
+``straggler`` mode batches are formed from whichever samples are ready, and only the
+samples that moved are copied (see `gpu_loader.batching` and `gpu_loader._straggler_rows`).
+The GPU path (`gpu_loader._gpu_epoch`) decodes whole batches on the device instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from gpu_loader.monitor import (
     nvml_indices_for_cuda,
 )
 from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform
-from gpu_loader.sources import SampleIndex, Sampler
+from gpu_loader.pipeline._defs import check_max_failures
+from gpu_loader.sources import SampleIndex, Sampler, open_index
 from gpu_loader.sources._rng import EPOCH_LIMIT
 
 if TYPE_CHECKING:
@@ -153,11 +155,22 @@ class ImageLoader:
     Without `set_epoch`, each completed pass moves on to the next epoch by itself. One
     epoch runs at a time: starting a new iteration (or `close()`, `load_state_dict()`)
     stops the running one, whose iterator then raises a RuntimeError saying so.
+
+    ``source`` is a sample index (`gpu_loader.sources`), or a path or URL that
+    `gpu_loader.sources.open_index` opens (a folder, a ``.csv`` list, ``.tar`` shards).
+
+    Bad samples: with ``on_error="skip"`` (the default) a sample that fails to read or
+    decode is left out and listed in `failed_samples()` with its key. The epoch stops with
+    `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
+    naming its sample) once one stage's failures pass ``max_failures``: an int count, a
+    rate in (0, 1) checked once the stage has seen 100 samples (and at the end), or None for no
+    limit. It counts per stage (read and decode separately). ``on_error="raise"`` stops at
+    the first failure, with the same exception.
     """
 
     def __init__(
         self,
-        source: SampleIndex,
+        source: SampleIndex | str | os.PathLike[str],
         *,
         batch_size: int,
         transform: TrainTransform | EvalTransform,
@@ -186,6 +199,16 @@ class ImageLoader:
             raise ValueError(f"`batching` must be 'ordered' or 'straggler', got {batching!r}")
         if on_error not in ("skip", "raise"):
             raise ValueError(f"`on_error` must be 'skip' or 'raise', got {on_error!r}")
+        check_max_failures(max_failures)
+        if isinstance(source, str | os.PathLike):
+            source = open_index(source)  # a folder, a .csv list, or .tar shards
+        missing = [m for m in ("read", "key", "label", "nbytes") if not hasattr(source, m)]
+        if missing or not hasattr(source, "__len__"):
+            raise TypeError(
+                "`source` must be a path or URL, or a sample index such as "
+                "gpu_loader.sources.ImageFolder(path), FileList(...) or TarShards(...); "
+                f"got {type(source).__name__} (without {missing or ['__len__']})"
+            )
         self.source = source
         self.batch_size = batch_size
         self.transform = transform
@@ -232,6 +255,7 @@ class ImageLoader:
         self._active: weakref.ref[EpochBase] | None = None
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
+        self._stats_at_close: LoaderStats | None = None
         self._arenas: tuple[PinnedArena, PinnedArena] | None = None
         self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
@@ -370,6 +394,8 @@ class ImageLoader:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
         active = self._epoch()
         engine = active.engine_stats() if active is not None else self._last_engine_stats
+        if self._monitor is None and self._stats_at_close is not None:
+            return self._stats_at_close  # the record of the run, after `close()`
         monitor = self._monitor or _make_monitor(self)
         return monitor.stats(engine, failures=len(self.failed_samples()))
 
@@ -394,6 +420,7 @@ class ImageLoader:
             self._logger.close()
             self._logger = None
         if self._monitor is not None:
+            self._stats_at_close = self.stats()  # `stats()` keeps answering with it
             self._monitor.close()
             self._monitor = None
 
@@ -420,6 +447,7 @@ class ImageLoader:
         """The loader's monitor (made again after `close()`), its samplers started."""
         if self._monitor is None:
             self._monitor = _make_monitor(self)
+            self._stats_at_close = None
         if self._logger is None and self.options.log_jsonl is not None:
             self._logger = JsonlLogger(
                 self.options.log_jsonl, self.options.log_interval_s, source=self.stats

@@ -100,7 +100,7 @@ class SlowLane:
             raise ValueError(f"`poll_s` must be > 0, got {self.poll_s}")
 
 
-def _check_max_failures(value: int | float | None) -> None:
+def check_max_failures(value: int | float | None) -> None:
     if value is None:
         return
     if isinstance(value, bool):
@@ -170,7 +170,7 @@ class PipeSpec:
             raise ValueError(f"`concurrency` must be >= 1, got {self.concurrency}")
         if self.output_order not in _ORDERS:
             raise ValueError(f"`output_order` must be one of {_ORDERS}, got {self.output_order!r}")
-        _check_max_failures(self.max_failures)
+        check_max_failures(self.max_failures)
         if self.key_fn is not None and not callable(self.key_fn):
             raise TypeError(f"`key_fn` must be callable or None, got {self.key_fn!r}")
         if self.worker_init is not None and not callable(self.worker_init):

@@ -94,6 +94,10 @@ def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> No
         + [str(e) + " " + " ".join(getattr(e, "__notes__", [])) for e in info.value.exceptions]
     )
     assert any(key in text for key in bad_keys)
+    # The loader's own advice, in its terms (the engine's message speaks of the engine).
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "on_error='raise'" in notes and "failed_samples()" in notes
+    assert any(key in notes for key in bad_keys)
 
 
 def test_too_many_failures_raise_pipeline_failure(bad_list: tuple[FileList, set[str]]) -> None:
@@ -284,6 +288,18 @@ def test_invalid_arguments_are_clear(unique_list: FileList) -> None:
     for device in ("tpu", "mps", 3.5):  # unknown to torch, known but unsupported, not a str
         with pytest.raises(ValueError, match="`device` must be 'cpu', 'cuda', 'cuda:N' or 'auto'"):
             make(unique_list, device=device)
+    for limit in (-1, 1.5, "x", True):  # refused when built, not at the first batch
+        with pytest.raises((TypeError, ValueError), match="max_failures"):
+            make(unique_list, max_failures=limit)
+    with pytest.raises(TypeError, match="ImageFolder"):
+        make([("a.jpg", 0)])
+
+
+def test_a_path_source_is_opened_as_the_folder_it_names(photo_dir: Path) -> None:
+    by_path = make(str(photo_dir), shuffle=False, transform=EvalTransform(SIZE))
+    by_index = make(gl.sources.ImageFolder(photo_dir), shuffle=False, transform=EvalTransform(SIZE))
+    for (xa, ya), (xb, yb) in zip(run_epoch(by_path), run_epoch(by_index), strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
 def test_images_match_the_per_sample_cpu_path(unique_list: FileList) -> None:
@@ -448,6 +464,12 @@ def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileLi
     stats = loader.stats()
     assert stats.samples == 2 * len(unique_list) and stats.batches == 6
     assert {s.name for s in stats.stages} >= {"read", "decode"}
+    loader.close()  # as leaving `with loader:` does: the record of the run stays readable
+    closed = loader.stats()
+    assert (closed.samples, closed.batches) == (stats.samples, stats.batches)
+    assert closed.samples_per_s > 0 and loader.stats() == closed
+    run_epoch(loader)  # a loader used again after close() counts afresh
+    assert loader.stats().samples == len(unique_list)
 
 
 def test_remote_sources_get_more_io_threads(unique_list: FileList) -> None:
