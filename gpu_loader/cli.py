@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="append periodic stats snapshots (JSON lines) here",
     )
+    demo.add_argument(
+        "--max-failures",
+        type=_failure_limit,
+        default=0.01,
+        metavar="N|RATE|none",
+        help="bad files tolerated per stage before the run stops: a count, a rate in (0, 1), "
+        "or none for no limit (default: 0.01); every bad file is listed in the report",
+    )
     demo.add_argument("--no-progress", action="store_true", help="no live progress bar")
     demo.set_defaults(func=cmd_demo)
 
@@ -150,6 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------- helpers
+def _failure_limit(text: str) -> int | float | None:
+    """``--max-failures``: ``none``, a count, or a rate in (0, 1)."""
+    if text.lower() == "none":
+        return None
+    try:
+        value: int | float = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a count, a rate or none") from None
+    if (isinstance(value, int) and value < 0) or (isinstance(value, float) and not 0 < value < 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: a count >= 0 or a rate in (0, 1)")
+    return value
+
+
 def _positive(name: str, value: float) -> None:
     if value <= 0:
         raise CliError(f"--{name} must be > 0, got {value}")
@@ -180,16 +204,19 @@ def demo_dataset(num_images: int) -> Path:
 # ---------------------------------------------------------------------------- commands
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_loader.demo import run_demo
+    from gpu_loader.pipeline import PipelineFailure
 
     for name in ("num_images", "epochs", "batch_size", "size"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.step_ms < 0:
         raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
-    data = args.data if args.data is not None else demo_dataset(args.num_images)
-    index = _image_folder(data)
-    for path in (args.json, args.log_jsonl):
+    for path in (args.json, args.log_jsonl):  # before the run, which these would outlive
         if path is not None and not path.parent.is_dir():
             raise CliError(f"{path}: folder {path.parent} does not exist")
+        if path is not None and path.is_dir():
+            raise CliError(f"{path}: is a folder; give a file path")
+    data = args.data if args.data is not None else demo_dataset(args.num_images)
+    index = _image_folder(data)
     try:
         report = run_demo(
             index,
@@ -202,7 +229,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             threads=args.threads,
             progress=not args.no_progress,
             log_jsonl=args.log_jsonl,
+            max_failures=args.max_failures,
         )
+    except PipelineFailure as exc:
+        limit = exc.message.split(";")[0]  # "stage 'decode': failure rate above 0.01 (...)"
+        first = f" First: {exc.exceptions[0]}." if exc.exceptions else ""
+        raise CliError(
+            f"too many bad files, {limit}.{first} Rerun with --max-failures none to skip "
+            "every bad file and list them all in the report"
+        ) from None
     except (ValueError, RuntimeError) as exc:
         raise CliError(str(exc)) from None
     print(report.text)
@@ -233,8 +268,9 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    classes = min(args.num, args.classes)  # image i goes to class i % classes
     print(
-        f"wrote {args.num} images in {args.classes} classes to {root} "
+        f"wrote {args.num} images in {classes} classes to {root} "
         f"({time.perf_counter() - start:.1f} s)"
     )
     return 0
@@ -253,6 +289,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from gpu_loader.inspect import inspect_folder
 
     _positive("samples", args.samples)
+    _positive("size", args.size)
     index = _image_folder(args.data)
     print(inspect_folder(index, samples=args.samples, size=args.size))
     return 0

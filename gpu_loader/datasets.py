@@ -9,6 +9,7 @@ noise. Everything is a pure function of the seed: the same arguments give identi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ def make_image_folder(
     root.mkdir(parents=True, exist_ok=True)
     # Remove a stale manifest first: a half-written folder must never look complete.
     (root / MANIFEST).unlink(missing_ok=True)
+    _clear_generated(root)
     counts = {"images": 0, "jpeg": 0, "png": 0, "gray": 0, "heavy": 0}
     for rel, data, kind in _progress(_generate(spec), spec.num_images, progress):
         path = root / rel
@@ -107,6 +109,25 @@ def make_image_folder(
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     tmp.replace(root / MANIFEST)
     return root
+
+
+_GENERATED = re.compile(r"class_\d+/img_\d{6}\.(jpg|png)|" + re.escape(MANIFEST) + r"(\.tmp)?")
+
+
+def _clear_generated(root: Path) -> None:
+    """Remove an earlier generation's images (other parameters) so none is left behind in
+    the new dataset; refuse a folder holding files this generator does not write."""
+    files = [p for p in root.rglob("*") if p.is_symlink() or not p.is_dir()]
+    foreign = [p for p in files if not _GENERATED.fullmatch(p.relative_to(root).as_posix())]
+    if foreign:
+        raise ValueError(
+            f"{root} holds files a generated dataset does not (e.g. {foreign[0]}); "
+            "choose a new or empty folder"
+        )
+    for path in files:
+        path.unlink()
+    for folder in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        folder.rmdir()  # the emptied class folders, deepest first
 
 
 def read_manifest(root: str | Path) -> dict[str, Any] | None:

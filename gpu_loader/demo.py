@@ -36,6 +36,7 @@ def run_demo(
     threads: int | None,
     progress: bool,
     log_jsonl: Path | None = None,
+    max_failures: int | float | None = 0.01,
 ) -> DemoReport:
     """Run `epochs` epochs; each batch is "trained on" for `step_s` seconds (a GIL-free wait).
 
@@ -60,6 +61,7 @@ def run_demo(
         device=device,  # type: ignore[arg-type]
         dtype="float32",
         batching=batching,  # type: ignore[arg-type]
+        max_failures=max_failures,
         options=options,
     )
     with loader:
@@ -78,7 +80,7 @@ def run_demo(
     ]
     if failed:
         lines += ["", f"failed samples ({len(failed)}):"]
-        lines += [f"  {f.key}  [{f.stage}] {f.error}" for f in failed[:20]]
+        lines += [f"  {f.key}  [{f.stage}, epoch {f.epoch}] {f.error}" for f in failed[:20]]
         if len(failed) > 20:
             lines.append(f"  ... and {len(failed) - 20} more")
     settings = {

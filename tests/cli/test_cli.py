@@ -136,6 +136,9 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("inspect",), "required"),
         (("bench", "--only", "nonsense"), "unknown benchmark"),
         (("frobnicate",), "invalid choice"),
+        (("inspect", "--data", ".", "--size", "0"), "--size must be > 0"),
+        (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1)"),
+        (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
     ],
 )
 def test_errors_are_one_line_without_traceback(
@@ -156,3 +159,38 @@ def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert str(empty) in result.stderr
+
+
+def test_demo_with_bad_files_stops_clearly_or_lists_them(tiny: Path, tmp_path: Path) -> None:
+    import shutil
+
+    data = tmp_path / "bad"
+    shutil.copytree(tiny, data)
+    bad = data / "class_00" / "zz_corrupt.jpg"
+    bad.write_bytes(b"not a jpeg at all" * 10)
+    args = ("demo", "--data", str(data), "--epochs", "1", "--batch-size", "8", "--size", "32")
+    quick = ("--step-ms", "0", "--no-progress", "--device", "cpu")
+    stopped = run(*args, *quick, cache=tmp_path)  # 1 of 41 is over the default 1% rate
+    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr
+    assert str(bad) in stopped.stderr and "--max-failures none" in stopped.stderr
+    listed = run(*args, *quick, "--max-failures", "none", cache=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "failed samples (1):" in listed.stdout
+    assert f"{bad}  [decode, epoch 0]" in listed.stdout
+
+
+def test_make_dataset_again_replaces_the_earlier_images(tmp_path: Path) -> None:
+    out = tmp_path / "made"
+    sides = ("--min-side", "32", "--max-side", "48")
+    for num, classes in (("12", "4"), ("5", "10")):
+        made = run(
+            "make-dataset", str(out), "--num", num, "--classes", classes, *sides, cache=tmp_path
+        )
+        assert made.returncode == 0, made.stderr
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("img_*"))
+    assert len(files) == 5 and len({f.split("/")[0] for f in files}) == 5
+    assert "wrote 5 images in 5 classes" in made.stdout
+    (out / "notes.txt").write_text("mine")  # not the generator's: never deleted
+    refused = run("make-dataset", str(out), "--num", "3", *sides, cache=tmp_path)
+    assert refused.returncode == 2 and "notes.txt" in refused.stderr
+    assert (out / "notes.txt").read_text() == "mine"
