@@ -153,16 +153,33 @@ def index_shard(shard: str) -> list[_Entry]:
             # Closed by the `with tar` below; the open itself needs the error rewrite.
             tar = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115
         except tarfile.ReadError as exc:
+            compressed = _looks_compressed(shard)
+            hint = (
+                "random access needs plain .tar shards, so decompress it first"
+                if compressed
+                else "it is not a tar file, or it is truncated or corrupt"
+            )
             raise ValueError(
-                f"{shard!r} is not an uncompressed tar archive ({exc}); random access needs "
-                "plain .tar shards, so decompress .tar.gz shards first"
+                f"tar shard {shard!r} is not an uncompressed tar archive ({exc}); {hint}"
             ) from None
         with tar:
             try:
-                return _group(shard, tar)
-            except tarfile.TarError as exc:
-                exc.add_note(f"while indexing tar shard {shard!r} (truncated or corrupt?)")
-                raise
+                return _group(shard, tar, _size_of(f))
+            except tarfile.TarError as exc:  # a header that runs past the end, a bad checksum
+                raise ValueError(f"tar shard {shard!r} is truncated or corrupt: {exc}") from exc
+
+
+# Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def _looks_compressed(shard: str) -> bool:
+    try:
+        with _open_shard(shard) as f:
+            head = f.read(6)
+    except OSError:
+        return False
+    return head.startswith(_COMPRESSED_MAGIC)
 
 
 def _open_shard(shard: str) -> IO[bytes]:
@@ -176,11 +193,24 @@ def _open_shard(shard: str) -> IO[bytes]:
         raise FileNotFoundError(f"tar shard {shard!r} not found") from None
 
 
-def _group(shard: str, tar: tarfile.TarFile) -> list[_Entry]:
+def _size_of(f: IO[bytes]) -> int:
+    here = f.tell()
+    size = f.seek(0, os.SEEK_END)
+    f.seek(here)
+    return size
+
+
+def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
     images: dict[str, tuple[str, int, int]] = {}  # key -> (member, offset, size), archive order
     labels: dict[str, int] = {}
     for member in tar:
         check_member_name(member.name, shard)
+        if member.offset_data + member.size > shard_size:
+            # tarfile stops quietly at a cut that falls inside a member's data.
+            raise ValueError(
+                f"tar shard {shard!r} is truncated or corrupt: member {member.name!r} needs "
+                f"{member.offset_data + member.size} bytes, the shard has {shard_size}"
+            )
         if member.isdir():
             continue
         if not member.isreg() or member.issparse():

@@ -151,6 +151,18 @@ def test_compressed_and_missing_shards_are_clear_errors(shards: list[Path], tmp_
         TarShards([str(tmp_path / "nope.tar")])
     with pytest.raises(ValueError, match="at least one shard"):
         TarShards([])
+    with pytest.raises(ValueError, match="so decompress it first"):
+        TarShards([str(gz)])
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"this is not a tar file at all" * 40)
+    with pytest.raises(ValueError, match=r"junk\.tar.*not a tar file, or it is truncated"):
+        TarShards([str(junk)])
+    with tarfile.open(shards[0]) as tar:  # cut inside the largest member's data
+        big = max(tar.getmembers(), key=lambda m: m.size)
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shards[0].read_bytes()[: big.offset_data + big.size // 2])
+    with pytest.raises(ValueError, match=r"cut\.tar.*truncated or corrupt"):
+        TarShards([str(cut)])
 
 
 def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
