@@ -454,7 +454,7 @@ class GpuBatchStage:
                     # than the oriented header): the CPU decoder handles CMYK, EXIF, ...
                     image, params = self._fallback(sample, stream)
             except Exception as exc:
-                exc.add_note(f"stage: gpu_batch, sample: {sample.key}")
+                exc.add_note(f"stage: gpu_decode, sample: {sample.key}")
                 failed.append((sample.position, sample.key, exc))
                 continue
             if params is None:  # unreachable: the header or the fallback sets it

@@ -75,7 +75,7 @@ def test_bad_inputs_fail_with_their_key(dataset: Dataset) -> None:
     for _, key, exc in batch.failed:
         assert isinstance(exc, DecodeError)
         assert key in str(exc)
-        assert any("stage: gpu_batch" in note for note in exc.__notes__)
+        assert any("stage: gpu_decode" in note for note in exc.__notes__)
     handoff(batch)
     runtime.synchronize()
     assert runtime.violations == []
