@@ -65,7 +65,10 @@ def check_label(label: object, where: str) -> int:
     """A label must be an integer (numpy integers too, never bool or float)."""
     if isinstance(label, bool) or not isinstance(label, int | np.integer):
         raise TypeError(f"label of {where} must be an int, got {label!r} ({type(label).__name__})")
-    return int(label)
+    value = int(label)
+    if not -(2**63) <= value < 2**63:  # labels travel as int64 tensors
+        raise ValueError(f"label of {where} does not fit in int64, got {value}")
+    return value
 
 
 def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
