@@ -96,6 +96,18 @@ class Received:
             return self.ledger.to_state(self.mode, self.batches)
 
 
+def make_batcher(loader: ImageLoader, n: int) -> OrderedBatcher[Any] | StragglerBatcher[Any]:
+    """The loader's batcher for an epoch of ``n`` positions."""
+    if loader.batching == "straggler":
+        return StragglerBatcher(
+            loader.batch_size,
+            n,
+            max_delay_batches=loader.options.max_delay_batches,
+            drop_last=loader.drop_last,
+        )
+    return OrderedBatcher(loader.batch_size, n, drop_last=loader.drop_last)
+
+
 class EpochBase:
     """The window, the source of positions, failures, the consume loop and shutdown."""
 
@@ -110,12 +122,7 @@ class EpochBase:
         opts = loader.options
         size = loader.batch_size
         n = len(self.indices)
-        if loader.batching == "straggler":
-            self.batcher: OrderedBatcher[Any] | StragglerBatcher[Any] = StragglerBatcher(
-                size, n, max_delay_batches=opts.max_delay_batches, drop_last=loader.drop_last
-            )
-        else:
-            self.batcher = OrderedBatcher(size, n, drop_last=loader.drop_last)
+        self.batcher = make_batcher(loader, n)
         if resume is not None:
             self.batcher.load_state_dict(resume)
         self.received = Received(self.batcher, resume)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_loader._batch_pool import BatchPool
-from gpu_loader._epoch import CpuEpoch, EpochBase
+from gpu_loader._epoch import CpuEpoch, EpochBase, make_batcher
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -364,20 +364,12 @@ class ImageLoader:
     def _check_batcher_state(self, state: Any) -> None:
         """Raise now, not at the next iteration, for a batcher state this loader's epochs
         could not take (the resumed epoch builds its batcher the same way)."""
-        from gpu_loader.batching import OrderedBatcher, StragglerBatcher
-
         if not isinstance(state, Mapping):
             raise ValueError(
                 f"loader state's 'batcher' entry must be a dict, got {type(state).__name__}"
             )
-        n, size = len(self.sampler), self.batch_size
-        batcher: OrderedBatcher[Any] | StragglerBatcher[Any]
-        if self.batching == "straggler":
-            batcher = StragglerBatcher(size, n, drop_last=self.drop_last)
-        else:
-            batcher = OrderedBatcher(size, n, drop_last=self.drop_last)
         try:
-            batcher.load_state_dict(state)
+            make_batcher(self, len(self.sampler)).load_state_dict(state)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
 
