@@ -97,6 +97,12 @@ class ProcessSampler(PeriodicThread):
         self.sample_once()
         return True
 
+    def _teardown(self) -> None:
+        # A last reading, so a run shorter than one interval (a short epoch) still has
+        # two readings, its start and its end, and a CPU figure.
+        if self._readings:
+            self.sample_once()
+
     def _read_pss(self) -> int | None:
         if not self._has_pss:
             return None

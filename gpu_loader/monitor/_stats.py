@@ -92,7 +92,9 @@ class LoaderStats:
     pss_bytes: int | None
     """Proportional set size of the process (Linux); None elsewhere."""
     stages: tuple[Any, ...]
-    """The engine's per-stage records, in pipeline order (empty if none were given)."""
+    """The engine's per-stage records, in pipeline order (empty if none were given). A
+    loader runs one pipeline per epoch: these cover the running (or last) epoch, while
+    the counters above cover every epoch."""
     bottleneck: str | None
     """The stage that limits throughput, "training step" when the loader keeps up, or None."""
     bottleneck_reason: str | None

@@ -92,5 +92,5 @@ def format_summary(stats: LoaderStats) -> str:
         + (f" ({stats.bottleneck_reason})" if stats.bottleneck_reason else ""),
     ]
     if stats.stages:
-        lines += ["", format_stage_table(stats.stages)]
+        lines += ["", "stages (the last epoch):", format_stage_table(stats.stages)]
     return "\n".join(lines)

@@ -80,3 +80,17 @@ def test_real_process_thread_reads_this_process() -> None:
     assert snap.rss_bytes is not None and snap.rss_bytes > 10 << 20
     assert snap.cpu_percent is not None and snap.cpu_percent >= 0.0
     assert snap.threads is not None and snap.threads >= 2  # the main thread and the sampler
+
+
+def test_a_run_shorter_than_one_interval_still_has_a_cpu_figure() -> None:
+    clock, proc = ScriptedClock(), FakeProc()
+    sampler = ProcessSampler(60.0, window_s=120.0, clock=clock, proc=proc)
+    sampler.start()  # the thread reads once at start, then waits a minute
+    assert wait_until(lambda: sampler.snapshot().rss_bytes is not None)
+    clock.advance(0.3)
+    proc.user += 0.3  # one core busy for the 0.3 s run
+    sampler.close()  # and once more at the end
+    assert sampler.snapshot().cpu_percent == pytest.approx(100.0)
+    never = ProcessSampler(60.0, clock=clock, proc=FakeProc())
+    never.close()  # never started: nothing to read at the end either
+    assert never.snapshot().cpu_percent is None and never.snapshot().rss_bytes is None
