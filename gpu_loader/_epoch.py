@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -131,6 +132,9 @@ class EpochBase:
         # README shows a smaller window can deadlock.
         self.window = size * (opts.prefetch_batches + opts.max_delay_batches + 1)
         self.in_flight = 0
+        self.window_wait_s = 0.0
+        """Seconds `source` has waited for room in the window (the engine's back-pressure:
+        waiting for the training loop is not the source's work)."""
         self.cond = threading.Condition()
         self.stopping = threading.Event()
         self.failed_positions: collections.deque[int] = collections.deque()
@@ -142,16 +146,23 @@ class EpochBase:
     def source(self) -> Iterator[Task]:
         """Positions to run, holding back while `window` samples are in flight."""
         index_of = self.loader.source.key
+        clock = time.perf_counter
         for position in self.start_order():
             with self.cond:
-                while self.in_flight >= self.window and not self.stopping.is_set():
-                    self.cond.wait(0.05)
+                if self.in_flight >= self.window:
+                    began = clock()
+                    while self.in_flight >= self.window and not self.stopping.is_set():
+                        self.cond.wait(0.05)
+                    self.window_wait_s += clock() - began
                 if self.stopping.is_set():
                     return
                 self.in_flight += 1
             index = int(self.indices[position])
             self.batcher.started(position)
             yield Task(position, index, index_of(index))
+
+    def backpressure_s(self) -> float:
+        return self.window_wait_s
 
     def start_order(self) -> Iterator[int]:
         """`todo`, in straggler mode with `cost_lookahead` reordered block by block so the
@@ -388,7 +399,7 @@ class CpuEpoch(EpochBase):
         self.decode_lane = self.slow_lane(loader.decode_threads)
         self.pipeline = (
             PipelineBuilder()
-            .add_source(self.source())
+            .add_source(self.source(), backpressure_s=self.backpressure_s)
             .pipe(
                 self.read,
                 concurrency=loader.io_threads,

@@ -88,7 +88,7 @@ class GpuEpoch(EpochBase):
 
         self.fetch_pipeline = (
             PipelineBuilder()
-            .add_source(self.source())
+            .add_source(self.source(), backpressure_s=self.backpressure_s)
             .pipe(
                 fetch,
                 concurrency=fetch_threads,

@@ -23,16 +23,29 @@ class PipelineBuilder:
 
     def __init__(self) -> None:
         self._source: Iterable[Any] | None = None
+        self._backpressure_s: Callable[[], float] | None = None
         self._specs: list[_Spec] = []
         self._sink: int | None = None
 
-    def add_source(self, iterable: Iterable[Any], /) -> PipelineBuilder:
-        """The items to process; iterated once, on the pipeline's source thread."""
+    def add_source(
+        self, iterable: Iterable[Any], /, *, backpressure_s: Callable[[], float] | None = None
+    ) -> PipelineBuilder:
+        """The items to process; iterated once, on the pipeline's source thread.
+
+        ``backpressure_s``: for an iterable that itself waits for room downstream (an
+        in-flight window the consumer frees), a function returning the seconds it has
+        waited so far. That time counts as blocked on output, not as busy, so the
+        source is not named the bottleneck for waiting on the consumer. It is called on
+        the source thread, after each item.
+        """
         if self._source is not None:
             raise ValueError("add_source() was already called; a pipeline has one source")
         if not isinstance(iterable, Iterable):
             raise TypeError(f"the source must be iterable, got {type(iterable).__name__}")
+        if backpressure_s is not None and not callable(backpressure_s):
+            raise TypeError("`backpressure_s` must be a function returning seconds, or None")
         self._source = iterable
+        self._backpressure_s = backpressure_s
         return self
 
     def pipe(
@@ -119,7 +132,7 @@ class PipelineBuilder:
             raise ValueError(f"`report_interval` must be > 0 seconds, got {report_interval}")
         if on_report is not None and report_interval is None:
             raise ValueError("`on_report` needs `report_interval` (seconds between reports)")
-        stages: list[Stage] = [SourceStage(self._source)]
+        stages: list[Stage] = [SourceStage(self._source, self._backpressure_s)]
         stages.extend(_make_stage(spec) for spec in self._specs)
         return Pipeline(stages, self._sink, report_interval, on_report)
 

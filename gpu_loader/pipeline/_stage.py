@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._channel import EOS, POLL_S, Channel, Stopped
@@ -89,9 +89,12 @@ class SourceStage(Stage):
 
     kind = "source"
 
-    def __init__(self, iterable: Iterable[Any]) -> None:
+    def __init__(
+        self, iterable: Iterable[Any], backpressure_s: Callable[[], float] | None = None
+    ) -> None:
         super().__init__("source")
         self._iterable = iterable
+        self._backpressure_s = backpressure_s
 
     def _run(self) -> None:
         out = self.out
@@ -99,13 +102,19 @@ class SourceStage(Stage):
         counters = self.counters.new_worker()
         add_task, pc = counters.add_task, time.perf_counter
         credit_get, data_put, stopping = out.credits.get, out.data.put, out.stop.is_set
+        backpressure = self._backpressure_s or (lambda: 0.0)
         try:
             it = iter(self._iterable)
             sentinel = object()
             t0 = pc()
+            waited = backpressure()
             while True:
                 item = next(it, sentinel)
                 t1 = pc()
+                # Waiting inside the iterable for room downstream is not work.
+                before, waited = waited, backpressure()
+                held = min(max(0.0, waited - before), t1 - t0)
+                t0 += held
                 if item is sentinel:
                     break
                 if stopping():
@@ -117,7 +126,7 @@ class SourceStage(Stage):
                 else:
                     data_put(item)
                 t2 = pc()
-                add_task(t1 - t0, 0.0, t2 - t1, 0, False)
+                add_task(t1 - t0, 0.0, t2 - t1 + held, 0, False)
                 t0 = t2
             out.put(EOS)
         finally:

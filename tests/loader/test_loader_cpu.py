@@ -472,6 +472,18 @@ def test_no_thread_outlives_an_epoch_and_stats_stay_readable(unique_list: FileLi
     assert loader.stats().samples == len(unique_list)
 
 
+def test_waiting_for_the_training_loop_is_not_the_sources_work(unique_list: FileList) -> None:
+    # A slow training step fills the in-flight window; the source then waits for room,
+    # which must not make it look busy (it was named the bottleneck for it).
+    loader = make(unique_list, batch_size=4, options=gl.LoaderOptions(prefetch_batches=1))
+    for _ in loader:
+        time.sleep(0.02)
+    stats = loader.stats()
+    source = next(s for s in stats.stages if s.name == "source")
+    assert source.busy_fraction < 0.5 and source.blocked_output_s > 0.1
+    assert stats.bottleneck == "training step"
+
+
 def test_remote_sources_get_more_io_threads(unique_list: FileList) -> None:
     import fsspec
 

@@ -79,6 +79,35 @@ def test_slow_source_shows_as_blocked_input() -> None:
     assert s.bottleneck == "source"
 
 
+def test_a_source_waiting_on_backpressure_is_not_busy() -> None:
+    # A loader's source waits inside the iterable for room in its in-flight window, which
+    # only the consumer frees: that wait is the consumer's doing, not the source's work.
+    waited = [0.0]
+
+    def gated_source() -> Any:
+        for i in range(30):
+            began = time.perf_counter()
+            time.sleep(0.004)  # "waiting for the window"
+            waited[0] += time.perf_counter() - began
+            yield i
+
+    p = (
+        PipelineBuilder()
+        .add_source(gated_source(), backpressure_s=lambda: waited[0])
+        .pipe(sleepy(0.001), name="work")
+        .add_sink(2)
+        .build()
+    )
+    with p:
+        assert len(list(p)) == 30
+    source = p.stats().stages[0]
+    assert source.busy_fraction < 0.2 and source.task_time_p99_s < 0.003
+    assert source.blocked_output_s >= 30 * 0.004
+    assert p.stats().bottleneck != "source"
+    with pytest.raises(TypeError, match="backpressure_s"):
+        PipelineBuilder().add_source([1], backpressure_s=0.5)  # type: ignore[arg-type]
+
+
 def test_reports_arrive_while_running() -> None:
     reports: list[PipelineStats] = []
     p = (
