@@ -54,11 +54,37 @@ class MonitorConfig:
             raise ValueError(f"`stall_threshold` must be in [0, 1), got {self.stall_threshold!r}")
 
 
+class ActiveClock:
+    """``clock`` with the time between `pause()` and `resume()` left out (it stands still)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._paused_total = 0.0
+        self._paused_at: float | None = None
+
+    def __call__(self) -> float:
+        paused_at = self._paused_at
+        now = self._clock() if paused_at is None else paused_at
+        return now - self._paused_total
+
+    def pause(self) -> None:
+        if self._paused_at is None:
+            self._paused_at = self._clock()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_total += self._clock() - self._paused_at
+            self._paused_at = None
+
+
 class Monitor:
     """Stall and rate meters, a process sampler and (optionally) an NVML sampler.
 
-    ``clock`` drives the meters (seconds, ``time.perf_counter`` by default);
-    ``nvml`` and ``proc`` are passed to the samplers (fakes in tests).
+    ``clock`` drives the meters (seconds, ``time.perf_counter`` by default); they run on
+    *active* time: between `suspend()` and the next `start()` (a loader between epochs:
+    validation, checkpointing) the clock stands still, so rates and stall fractions
+    describe the epochs, not the pauses. ``nvml`` and ``proc`` are passed to the
+    samplers (fakes in tests).
     """
 
     def __init__(
@@ -71,7 +97,8 @@ class Monitor:
     ) -> None:
         self.config = config if config is not None else MonitorConfig()
         cfg = self.config
-        self._clock = clock
+        self._clock = ActiveClock(clock)
+        clock = self._clock
         self._nvml = nvml
         self._proc = proc
         self._suspended = False
@@ -92,6 +119,7 @@ class Monitor:
         if self._started_at is None:
             self._started_at = self._clock()
         if self._suspended:
+            self._clock.resume()
             self._renew_samplers()
         self.process.start()
         if self.gpu is not None and not self._gpu_retired:
@@ -105,8 +133,10 @@ class Monitor:
 
     def suspend(self) -> None:
         """Join the sampler threads but keep the meters and the last readings; the next
-        `start()` samples again with fresh sampler threads (a loader between epochs)."""
+        `start()` samples again with fresh sampler threads (a loader between epochs).
+        The meters' clock stands still until then."""
         self.close()
+        self._clock.pause()
         self._suspended = True
 
     def _renew_samplers(self) -> None:
@@ -185,7 +215,7 @@ class Monitor:
         if failures is None:
             failures = sum(int(getattr(s, "failures", 0) or 0) for s in stage_list)
         bottleneck, reason = diagnose(
-            stall.stall_fraction,
+            stall.stall_fraction_recent,  # now, as the stage stats (this epoch's) are
             rate.batches,
             stage_list,
             getattr(engine, "bottleneck", None),
@@ -201,6 +231,7 @@ class Monitor:
             batches_per_s=rate.batches_per_s,
             batches_per_s_recent=rate.batches_per_s_recent,
             stall_fraction=stall.stall_fraction,
+            stall_s=stall.waited_s,
             stall_fraction_recent=stall.stall_fraction_recent,
             startup_s=stall.startup_s,
             gpu=gpu,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -99,8 +100,10 @@ class ProcessSampler(PeriodicThread):
 
     def _teardown(self) -> None:
         # A last reading, so a run shorter than one interval (a short epoch) still has
-        # two readings, its start and its end, and a CPU figure.
-        if self._readings:
+        # two readings, its start and its end, and a CPU figure. Not while the
+        # interpreter shuts down (a loader closed by garbage collection at exit): psutil
+        # cannot read then, and there is nobody left to read the figure.
+        if self._readings and not sys.is_finalizing():
             self.sample_once()
 
     def _read_pss(self) -> int | None:

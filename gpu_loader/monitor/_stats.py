@@ -26,7 +26,9 @@ def diagnose(
     """Name what limits throughput, with a one-line reason.
 
     - no batch yet: (None, why);
-    - stall below ``threshold``: the training step (the loader is not the problem);
+    - stall below ``threshold``: the training step (the loader is not the problem). The
+      monitor passes the recent stall fraction: the verdict is about now, as the stage
+      records (the running epoch's) are;
     - otherwise the engine's own bottleneck if it named a stage, else the stage whose
       workers are busiest (highest ``busy_fraction``). The engine's "consumer" is
       overruled here: the loop measurably waits, so a stage is behind after all (the
@@ -34,7 +36,7 @@ def diagnose(
     """
     if batches == 0:
         return None, "no batch delivered yet"
-    waits = f"the training loop waits for data {stall_fraction:.1%} of the time"
+    waits = f"the training loop waits for data {stall_fraction:.1%} of the time lately"
     if stall_fraction < threshold:
         return TRAINING_STEP, f"{waits}: the loader keeps up, the training step sets the pace"
     if engine_bottleneck and engine_bottleneck != ENGINE_CONSUMER:
@@ -58,7 +60,8 @@ class LoaderStats:
     """
 
     elapsed_s: float
-    """Wall time since the monitor started (start-up included)."""
+    """Time since the monitor started (start-up included), leaving out the pauses
+    between a loader's epochs, as every rate and fraction here does."""
     samples: int
     """Samples delivered to the training loop."""
     batches: int
@@ -72,7 +75,11 @@ class LoaderStats:
     batches_per_s_recent: float
     """Batches per second over the recent window."""
     stall_fraction: float
-    """Fraction of wall time since the first batch the loop spent waiting in ``next()``."""
+    """Fraction of the time since the first batch the loop spent waiting in ``next()``
+    (a later epoch's wait for its first batch counts: the loop waits)."""
+    stall_s: float
+    """Seconds the loop spent waiting since the first batch: per-epoch stall is the
+    difference over the epoch divided by that of ``elapsed_s``."""
     stall_fraction_recent: float
     """The same over the recent window."""
     startup_s: float | None
@@ -103,7 +110,13 @@ class LoaderStats:
     """Samples that failed so far (skipped or raised)."""
 
     def __post_init__(self) -> None:
-        for name in ("elapsed_s", "samples_per_s", "stall_fraction", "stall_fraction_recent"):
+        for name in (
+            "elapsed_s",
+            "samples_per_s",
+            "stall_fraction",
+            "stall_fraction_recent",
+            "stall_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}")
@@ -142,6 +155,7 @@ _SCALARS = (
     "batches_per_s_recent",
     "stall_fraction",
     "stall_fraction_recent",
+    "stall_s",
     "startup_s",
     "gpu_util_percent",
     "gpu_idle_percent",

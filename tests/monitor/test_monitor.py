@@ -120,3 +120,35 @@ def test_suspend_joins_samplers_and_start_samples_again() -> None:
     monitor.record_batch(4)
     assert monitor.stats().samples == 8
     monitor.close()
+
+
+def test_the_pause_between_epochs_leaves_rates_and_stall_alone() -> None:
+    # A loader suspends its monitor between epochs (validation, checkpoints): the meters'
+    # clock stands still, so an idle hour does not dilute the epochs' figures.
+    clock = ScriptedClock()
+    config = MonitorConfig(interval_s=60.0, window_s=100.0, gpu="off")
+    monitor = Monitor(config, clock=clock, proc=FakeProc())
+
+    def epoch(batches: int, wait_s: float, step_s: float) -> None:
+        monitor.start()
+        for _ in range(batches):
+            monitor.wait_started()
+            clock.advance(wait_s)
+            monitor.wait_ended()
+            monitor.record_batch(10)
+            clock.advance(step_s)
+        monitor.suspend()
+
+    epoch(5, 0.1, 0.9)  # the first wait is start-up; then 4 waits of 0.1 s in 4.9 s
+    first = monitor.stats()
+    clock.advance(3600.0)  # an hour of validation
+    assert monitor.stats() == first
+    epoch(5, 0.1, 0.9)  # every wait counts now, the first one included: 5 x 0.1 s in 5 s
+    second = monitor.stats()
+    assert second.elapsed_s == pytest.approx(10.0)
+    assert second.stall_s == pytest.approx(0.9)
+    assert second.stall_fraction == pytest.approx(0.9 / 9.9)
+    assert second.samples_per_s == pytest.approx(90 / 9.9)  # after the first batch
+    per_epoch = (second.stall_s - first.stall_s) / (second.elapsed_s - first.elapsed_s)
+    assert per_epoch == pytest.approx(0.1)
+    monitor.close()

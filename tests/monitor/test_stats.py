@@ -67,6 +67,7 @@ def make_stats(**kw: Any) -> LoaderStats:
         "batches_per_s_recent": 18.8,
         "stall_fraction": 0.234,
         "stall_fraction_recent": 0.125,
+        "stall_s": 2.5,
         "startup_s": 1.75,
         "gpu": gpu,
         "gpu_util_percent": gpu.util_percent,
@@ -90,7 +91,7 @@ def test_diagnose_no_batch_training_step_engine_and_busiest() -> None:
     assert name == "training step" and "1.0%" in (reason or "")
     name, reason = diagnose(0.5, 10, STAGES, "read", "its input queue is full")
     assert name == "read" and reason == (
-        "the training loop waits for data 50.0% of the time; its input queue is full"
+        "the training loop waits for data 50.0% of the time lately; its input queue is full"
     )
     # No engine verdict, or the engine's "consumer" contradicted by a measured stall:
     for engine in (None, "consumer"):
