@@ -254,20 +254,32 @@ class EpochBase:
         """The generator the training loop iterates."""
         loader = self.loader
         monitor = loader._monitor_for_epoch()
-        progress = loader._make_progress(len(self.todo), monitor)
+        # The training loop's first next() runs now: starting the epoch's samplers and
+        # threads is part of its wait (the start-up), so that wait begins here. (Between
+        # epochs the monitor's clock stands still until `start`: nothing is lost.)
+        monitor.wait_started()
+        in_wait = True
+        progress = None
         try:
+            loader._start_monitoring()
+            progress = loader._make_progress(len(self.todo), monitor)
             with self.running():
                 try:
                     while True:
                         self.check_not_stopped()
-                        with monitor.waiting():
-                            try:
-                                produced = self.next_batch()
-                            except Exception as exc:
-                                self.check_not_stopped()  # a stopped epoch's own error is noise
-                                if isinstance(exc, PipelineFailure):
-                                    add_note(exc, self.failure_advice())
-                                raise
+                        if not in_wait:
+                            monitor.wait_started()
+                            in_wait = True
+                        try:
+                            produced = self.next_batch()
+                        except Exception as exc:
+                            self.check_not_stopped()  # a stopped epoch's own error is noise
+                            if isinstance(exc, PipelineFailure):
+                                add_note(exc, self.failure_advice())
+                            raise
+                        finally:
+                            monitor.wait_ended()
+                            in_wait = False
                         if produced is None:
                             self.check_not_stopped()  # not a quiet, truncated epoch
                             break
@@ -294,6 +306,8 @@ class EpochBase:
             self.finished = True
             loader._epoch_finished()
         finally:
+            if in_wait:  # the threads did not start, or the epoch was stopped meanwhile
+                monitor.wait_ended()
             if progress is not None:
                 progress.close(loader.stats())
             self.close()

@@ -436,18 +436,23 @@ class ImageLoader:
         return self._active() if self._active is not None else None
 
     def _monitor_for_epoch(self) -> Monitor:
-        """The loader's monitor (made again after `close()`), its samplers started."""
+        """The loader's monitor (made again after `close()`); `_start_monitoring` starts
+        its samplers."""
         if self._monitor is None:
             self._monitor = _make_monitor(self)
             self._stats_at_close = None
+        return self._monitor
+
+    def _start_monitoring(self) -> None:
+        """Start the monitor's samplers (and the JSON-lines logger) for an epoch."""
+        monitor = self._monitor_for_epoch()
         if self._logger is None and self.options.log_jsonl is not None:
             self._logger = JsonlLogger(
                 self.options.log_jsonl, self.options.log_interval_s, source=self.stats
             )
-        self._monitor.start()
+        monitor.start()
         if self._logger is not None:
             self._logger.start()
-        return self._monitor
 
     # -- called by the epochs -------------------------------------------------------------
     def _make_progress(self, samples: int, monitor: Monitor) -> ProgressReporter | None:

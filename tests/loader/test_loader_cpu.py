@@ -484,6 +484,18 @@ def test_waiting_for_the_training_loop_is_not_the_sources_work(unique_list: File
     assert stats.bottleneck == "training step"
 
 
+def test_startup_is_the_whole_first_wait(unique_list: FileList) -> None:
+    # Starting the epoch's threads is part of the training loop's first wait.
+    loader = make(unique_list, options=gl.LoaderOptions(monitor_gpu=False))
+    it = iter(loader)
+    began = time.perf_counter()
+    next(it)
+    first = time.perf_counter() - began
+    startup = loader.stats().startup_s
+    assert startup is not None and 0.8 * first <= startup <= first
+    loader.close()
+
+
 def test_remote_sources_get_more_io_threads(unique_list: FileList) -> None:
     import fsspec
 
