@@ -435,8 +435,13 @@ class CpuEpoch(EpochBase):
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()
         )
-        # Formed batches on their way to the training loop (see `form`).
-        self.formed: queue.SimpleQueue[Formed | BaseException | None] = queue.SimpleQueue()
+        # Formed batches on their way to the training loop, with their emission index
+        # (see `form`), and those formed ahead of their turn (see `take_formed`).
+        self.formed: queue.SimpleQueue[tuple[int, Formed] | BaseException | None] = (
+            queue.SimpleQueue()
+        )
+        self.early: dict[int, Formed] = {}
+        self.next_index = self.batcher.stats().batches  # after a resume: where it left off
         self.former: threading.Thread | None = None
 
     # -- stages (worker threads) -----------------------------------------------------------
@@ -534,7 +539,7 @@ class CpuEpoch(EpochBase):
         """
         try:
             for batch in self.feed_batcher(stream, self.arrived, self.pop_batch):
-                self.formed.put(self.assemble(batch))
+                self.formed.put((batch.index, self.assemble(batch)))
             if not self.stopping.is_set():  # a stopped epoch gets no tail and no end marker
                 self.formed.put(None)
         except BaseException as exc:  # crosses to the training loop, traceback intact
@@ -590,24 +595,46 @@ class CpuEpoch(EpochBase):
         return images, labels, positions
 
     def take_formed(self) -> Formed | BaseException | None:
-        """The next formed batch; forms one here if the batcher thread is waiting on the
-        pipeline while a batch could be emitted by moving stragglers (it decided to wait
-        when the queue was not yet empty, and no completion has woken it since)."""
+        """The next formed batch, in emission order; forms one here if the batcher thread
+        is waiting on the pipeline while a batch could be emitted by moving stragglers (it
+        decided to wait when the queue was not yet empty, and no completion has woken it
+        since).
+
+        Both threads form batches, so one formed here can overtake the batch the batcher
+        thread is still assembling: it waits in `early` for its turn (delivering it first
+        broke the lateness bound by up to 3 batches in a QA run).
+        """
         formed = self.formed
         while True:
+            if (ready := self.early.pop(self.next_index, None)) is not None:
+                self.next_index += 1
+                return ready
             try:
-                return formed.get_nowait()
+                item = formed.get_nowait()
             except queue.Empty:
-                pass
-            if self.rows is not None and (batch := self.pop_batch()) is not None:
-                return self.assemble(batch)
-            try:
-                return formed.get(timeout=0.005)
-            except queue.Empty:
-                if self.former is None or not self.former.is_alive():
-                    if not formed.empty():
+                # One batch formed here at a time: with one already waiting its turn, the
+                # batch before it is being assembled and needs no more moved samples.
+                if not self.early and self.rows is not None:
+                    if (batch := self.pop_batch()) is not None:
+                        self.early[batch.index] = self.assemble(batch)
                         continue
-                    raise RuntimeError("the batcher thread ended without a result") from None
+                try:
+                    item = formed.get(timeout=0.005)
+                except queue.Empty:
+                    if self.former is None or not self.former.is_alive():
+                        if not formed.empty():
+                            continue
+                        raise RuntimeError("the batcher thread ended without a result") from None
+                    continue
+            if item is None or isinstance(item, BaseException):
+                if item is None and self.early:  # the end, yet a batch before these is missing
+                    raise RuntimeError(
+                        f"batch {self.next_index} of the epoch was never formed "
+                        f"(formed: {sorted(self.early)})"
+                    )
+                return item
+            index, batch_formed = item
+            self.early[index] = batch_formed
 
     def assemble(self, batch: Batch[Any]) -> Formed:
         """The batch's images as one tensor (in the batcher thread), with its labels."""

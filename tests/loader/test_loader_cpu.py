@@ -359,6 +359,30 @@ def test_straggler_rows_hold_the_sample_their_label_names(
             assert np.array_equal(out, x[row].numpy())
 
 
+def test_straggler_batches_reach_the_loop_in_emission_order(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The training loop's thread forms a batch itself when the queue is empty; it must
+    # not overtake the one the batcher thread is still assembling. With no lateness
+    # allowed (D = 0) and no failures, straggler batches are exactly the ordered ones.
+    import gpu_loader._epoch as epoch_module
+
+    assemble = epoch_module.CpuEpoch.assemble
+
+    def slow_in_the_batcher_thread(self: Any, batch: Any) -> Any:
+        if threading.current_thread().name == "gpu_loader-batcher":
+            time.sleep(0.02)  # widens the window the race needs; it also happens unaided
+        return assemble(self, batch)
+
+    monkeypatch.setattr(epoch_module.CpuEpoch, "assemble", slow_in_the_batcher_thread)
+    options = gl.LoaderOptions(max_delay_batches=0)
+    ordered = labels_of(run_epoch(make(unique_list, seed=6, batch_size=3)))
+    loader = make(unique_list, seed=6, batch_size=3, batching="straggler", options=options)
+    assert labels_of(run_epoch(loader)) == ordered
+    stats = loader.batching_stats()
+    assert stats is not None and stats.max_delay == 0
+
+
 def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
     unique_list: FileList, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
