@@ -614,10 +614,9 @@ class CpuEpoch(EpochBase):
             except queue.Empty:
                 # One batch formed here at a time: with one already waiting its turn, the
                 # batch before it is being assembled and needs no more moved samples.
-                if not self.early and self.rows is not None:
-                    if (batch := self.pop_batch()) is not None:
-                        self.early[batch.index] = self.assemble(batch)
-                        continue
+                if not self.early and self.rows is not None and (b := self.pop_batch()) is not None:
+                    self.early[b.index] = self.assemble(b)
+                    continue
                 try:
                     item = formed.get(timeout=0.005)
                 except queue.Empty:
