@@ -326,7 +326,7 @@ class EpochBase:
             )
         return (
             f"ImageLoader: more samples failed than max_failures={loader.max_failures!r} "
-            f"allows (a limit per stage: read, decode).{first} loader.failed_samples() lists "
+            f"allows (a limit per pipeline stage).{first} loader.failed_samples() lists "
             "each with its key; pass a larger max_failures (None: no limit) to go on."
         )
 

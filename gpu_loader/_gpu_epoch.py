@@ -24,6 +24,7 @@ from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
+from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +56,8 @@ class GpuEpoch(EpochBase):
         self.workers = loader._gpu_workers(self.ports)
         self.gpu_failures: list[FailedSample] = []
         self.gpu_failures_lock = threading.Lock()
-        self.samples_done = 0
+        self.gpu_causes: list[Exception] = []  # the first GPU decode errors, for PipelineFailure
+        self.delivered_samples = 0
         fetcher = GpuFetcher(
             loader.source,
             self.arena,
@@ -109,7 +111,9 @@ class GpuEpoch(EpochBase):
                 concurrency=opts.gpu_streams,
                 name="gpu_decode",
                 output_order="input",
-                max_failures=loader.max_failures,
+                # Counted per sample by `check_failure_budget`: a batch that fails whole
+                # is one call here, but batch_size samples.
+                max_failures=None,
                 key_fn=_batch_key,
                 worker_init=self.workers.acquire,
             )
@@ -141,6 +145,8 @@ class GpuEpoch(EpochBase):
             for _, key, exc in failed:
                 error = f"{type(exc).__name__}: {exc}"
                 self.gpu_failures.append(FailedSample(key, "gpu_decode", error, self.epoch))
+                if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
+                    self.gpu_causes.append(exc)
         for position, _, _ in failed:
             self.received.failed(position)
         self.release(len(failed))
@@ -157,11 +163,12 @@ class GpuEpoch(EpochBase):
         while True:
             batch = next(self.stream, None)
             if batch is None:
+                self.check_failure_budget(final=True)
                 return None
             if batch.failed:
                 self.record_gpu_failures(batch.failed)
-                self.check_failure_budget(batch)
-            self.samples_done += len(batch.positions) + len(batch.failed)
+            self.delivered_samples += len(batch.positions)
+            self.check_failure_budget()
             if batch.positions:
                 images, labels = self.stage.handoff(batch)
                 if images.device.type == "cpu":
@@ -170,19 +177,26 @@ class GpuEpoch(EpochBase):
                     batch.event.synchronize()
                 return images, labels, batch.positions
 
-    def check_failure_budget(self, batch: GpuBatch) -> None:
-        """Apply `max_failures` to decode failures, which the engine does not see."""
+    def check_failure_budget(self, *, final: bool = False) -> None:
+        """Apply `max_failures` to GPU decode failures, counted per sample (the engine
+        sees a batch as one call): a count at once, a rate once `RATE_WARMUP_CALLS`
+        samples were decoded or failed, and always at the end (``final``), as the
+        engine does for the CPU stages."""
         limit = self.loader.max_failures
         if limit is None:
             return
-        failed = len(self.gpu_failures)
-        done = self.samples_done + len(batch.positions) + len(batch.failed)
-        over = failed > limit if isinstance(limit, int) else (done >= 100 and failed > limit * done)
+        with self.gpu_failures_lock:
+            failed = len(self.gpu_failures)
+            causes = list(self.gpu_causes)
+        done = self.delivered_samples + failed
+        if isinstance(limit, int):
+            over = failed > limit
+        else:
+            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
         if over:
-            causes = [exc for _, _, exc in batch.failed if isinstance(exc, Exception)]
             raise PipelineFailure(
-                f"{failed} sample(s) failed GPU decode, past max_failures={limit!r}; "
-                "see failed_samples() for every key",
+                f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "
+                f"max_failures={limit!r}; see failed_samples() for every key",
                 causes or [RuntimeError("GPU decode failures")],
             )
 

@@ -132,7 +132,8 @@ class FailedSample:
     key: str
     """The sample's key (its path or URL)."""
     stage: str
-    """The pipeline stage that failed (``read`` or ``decode``)."""
+    """The pipeline stage that failed: ``read`` or ``decode`` on the CPU path, ``fetch``
+    (read, header, non-JPEG decode) or ``gpu_decode`` on the GPU path."""
     error: str
     """``ExceptionType: message``."""
     epoch: int
@@ -164,7 +165,8 @@ class ImageLoader:
     `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
     naming its sample) once one stage's failures pass ``max_failures``: an int count, a
     rate in (0, 1) checked once the stage has seen 100 samples (and at the end), or None for no
-    limit. It counts per stage (read and decode separately). ``on_error="raise"`` stops at
+    limit. It counts per stage (read and decode separately; on the GPU path fetch, and
+    GPU decode per sample). ``on_error="raise"`` stops at
     the first failure, with the same exception.
     """
 

@@ -149,3 +149,41 @@ def test_decoders_and_streams_are_kept_across_epochs(unique_list: FileList) -> N
     loader.close()  # gives the decoders' memory back; the loader stays usable
     assert Counter(labels_of(loader)) == Counter(int(v) for v in unique_list.labels)
     assert len(made) > before
+
+
+def test_the_failure_rate_is_checked_at_the_end_of_an_epoch(
+    unique_list: FileList, tmp_path: Any
+) -> None:
+    # Two of ~50 JPEGs cut in half: their headers pass fetch, their data fails GPU decode
+    # (and the CPU fallback). 4% is over the default 1% although fewer than 100 samples
+    # ran, so the epoch ends with PipelineFailure, as on the CPU path.
+    items = [(unique_list.key(i), i) for i in range(len(unique_list))]
+    jpegs = [i for i, (key, _) in enumerate(items) if key.endswith(".jpg")][:2]
+    for i in jpegs:
+        cut = tmp_path / f"cut{i}.jpg"
+        data = unique_list.read(i)
+        cut.write_bytes(data[: len(data) // 2])
+        items[i] = (str(cut), i)
+    with pytest.raises(PipelineFailure, match="gpu_decode"):
+        labels_of(make(FileList(items)))
+    loader = make(FileList(items), max_failures=None)  # no limit: listed, not raised
+    assert len(labels_of(loader)) == len(items) - 2
+    assert {f.stage for f in loader.failed_samples()} == {"gpu_decode"}
+
+
+def test_a_batch_failing_whole_counts_each_sample(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_loader.cuda import _gpu_stage
+
+    launch, calls = _gpu_stage.GpuBatchStage._launch, [0]
+
+    def second_batch_fails(self: Any, *args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("device error")
+        return launch(self, *args, **kw)
+
+    monkeypatch.setattr(_gpu_stage.GpuBatchStage, "_launch", second_batch_fails)
+    with pytest.raises(PipelineFailure, match="8 of"):  # 8 samples, not 1 call, against 2
+        labels_of(make(unique_list, max_failures=2, shuffle=False))
