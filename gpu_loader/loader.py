@@ -11,6 +11,7 @@ The GPU path (`gpu_loader._gpu_epoch`) decodes whole batches on the device inste
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import weakref
@@ -119,6 +120,22 @@ class LoaderOptions:
             raise ValueError(f"`decode_on` must be 'auto', 'cpu' or 'gpu', got {self.decode_on!r}")
         if not isinstance(self.gpu_streams, int) or self.gpu_streams < 1:
             raise ValueError(f"`gpu_streams` must be an int >= 1, got {self.gpu_streams!r}")
+        for name in ("progress", "monitor_gpu"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
+        if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
+            raise TypeError(f"`pin_memory` must be True, False or None, got {self.pin_memory!r}")
+        interval = self.log_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, int | float):
+            raise TypeError(f"`log_interval_s` must be a number of seconds, got {interval!r}")
+        if not 0 < interval < math.inf:
+            raise ValueError(f"`log_interval_s` must be a finite number > 0, got {interval!r}")
+        if self.log_jsonl is not None:
+            folder = os.path.dirname(os.path.abspath(os.fspath(self.log_jsonl)))
+            if not os.path.isdir(folder):
+                raise ValueError(
+                    f"`log_jsonl` {self.log_jsonl!r}: its folder {folder!r} does not exist"
+                )
         if not isinstance(self.arena_bytes, int) or self.arena_bytes < 2**20:
             raise ValueError(
                 f"`arena_bytes` must be an int >= 1 MiB (2**20), got {self.arena_bytes!r}"

@@ -1,6 +1,6 @@
 """ProgressReporter: a tqdm bar with img/s, stall %, GPU util % and the bottleneck.
 
-Libraries create none by default (``ImageLoader(progress=False)``); the CLI turns it on.
+Libraries create none by default (``LoaderOptions(progress=False)``); the CLI turns it on.
 The bar is created on the first refresh, so constructing a reporter prints nothing,
 and ``step()`` builds stats only when a refresh is due (at most every
 ``min_interval_s``), so calling it on every batch costs one clock read.

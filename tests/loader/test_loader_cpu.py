@@ -551,6 +551,23 @@ def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: Fil
     assert loader.batching_stats() is not None and loader.batching_stats().overdue == 0
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("log_interval_s", 0, "log_interval_s"),
+        ("log_interval_s", float("nan"), "log_interval_s"),
+        ("log_jsonl", "/no/such/folder/stats.jsonl", "does not exist"),
+        ("progress", "yes", "progress"),
+        ("monitor_gpu", 1, "monitor_gpu"),
+        ("pin_memory", "auto", "pin_memory"),
+    ],
+)
+def test_options_are_checked_when_made(field: str, value: Any, match: str) -> None:
+    # Not at the first batch, minutes into a run.
+    with pytest.raises((TypeError, ValueError), match=match):
+        gl.LoaderOptions(**{field: value})
+
+
 def test_cost_lookahead_is_validated_and_ignored_in_ordered_mode(unique_list: FileList) -> None:
     with pytest.raises(ValueError, match="cost_lookahead"):
         gl.LoaderOptions(cost_lookahead=-1)
