@@ -3,11 +3,15 @@
 Libraries create none by default (``LoaderOptions(progress=False)``); the CLI turns it on.
 The bar is created on the first refresh, so constructing a reporter prints nothing,
 and ``step()`` builds stats only when a refresh is due (at most every
-``min_interval_s``), so calling it on every batch costs one clock read.
+``min_interval_s``), so calling it on every batch costs one clock read. Where the output
+is not a terminal (a log file, a batch job), a bar's carriage-return redraws would pile
+up on one line: the reporter writes a plain line per refresh instead, every 10 s by
+default, and a last one when it closes.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -32,8 +36,16 @@ def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
     return " ".join(parts)
 
 
+LINE_INTERVAL_S = 10.0
+"""Default seconds between progress lines when the output is not a terminal."""
+
+
 class ProgressReporter:
-    """A throttled tqdm bar over delivered samples."""
+    """A throttled tqdm bar over delivered samples, or plain lines off a terminal.
+
+    ``lines``: None picks lines when ``file`` (default stderr) is not a terminal.
+    ``min_interval_s``: None means 0.5 s for a bar and `LINE_INTERVAL_S` for lines.
+    """
 
     def __init__(
         self,
@@ -41,10 +53,11 @@ class ProgressReporter:
         *,
         desc: str = "loading",
         unit: str = "img",
-        min_interval_s: float = 0.5,
+        min_interval_s: float | None = None,
         file: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         start: int = 0,
+        lines: bool | None = None,
     ) -> None:
         if total is not None and (isinstance(total, bool) or total < 0):
             raise ValueError(f"`total` must be None or an int >= 0, got {total!r}")
@@ -55,6 +68,13 @@ class ProgressReporter:
         """``stats.samples`` when this bar began: a loader's stats count every epoch."""
         self.desc = desc
         self.unit = unit
+        if lines is None:
+            stream = file if file is not None else sys.stderr
+            isatty = getattr(stream, "isatty", None)
+            lines = not (callable(isatty) and isatty())
+        self.lines = lines
+        if min_interval_s is None:
+            min_interval_s = LINE_INTERVAL_S if lines else 0.5
         self.min_interval_s = check_interval("min_interval_s", min_interval_s)
         self._file = file
         self._clock = clock
@@ -95,6 +115,9 @@ class ProgressReporter:
         if self._closed:
             return
         self._last = self._clock()
+        if self.lines:
+            self._write_line(stats)
+            return
         if self._bar is None:
             self._bar = self._make_bar()
         delta = stats.samples - self.start - int(self._bar.n)
@@ -103,6 +126,15 @@ class ProgressReporter:
             self._bar.update(delta)
         else:
             self._bar.refresh()
+
+    def _write_line(self, stats: LoaderStats) -> None:
+        done = stats.samples - self.start
+        count = f"{done} {self.unit}" if self.total is None else f"{done}/{self.total} {self.unit}"
+        if self.total:
+            count += f" ({done / self.total:.0%})"
+        out = self._file if self._file is not None else sys.stderr
+        out.write(f"{self.desc}: {count} {progress_postfix(stats, self.unit)}\n")
+        out.flush()
 
     def close(self, stats: LoaderStats | None = None) -> None:
         """A last refresh from ``stats`` (if given), then close the bar (idempotent)."""

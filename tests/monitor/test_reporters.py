@@ -23,7 +23,8 @@ def no_leaked_threads() -> Iterator[None]:
     assert set(monitor_threads()) - before == set()
 
 
-def test_progress_refreshes_at_most_every_interval() -> None:
+@pytest.mark.parametrize("lines", [False, True])
+def test_progress_refreshes_at_most_every_interval(lines: bool) -> None:
     clock, out = ScriptedClock(), io.StringIO()
     calls: list[int] = []
 
@@ -31,7 +32,7 @@ def test_progress_refreshes_at_most_every_interval() -> None:
         calls.append(1)
         return make_stats(samples=320 * len(calls))
 
-    reporter = ProgressReporter(total=1000, min_interval_s=0.5, file=out, clock=clock)
+    reporter = ProgressReporter(total=1000, min_interval_s=0.5, file=out, clock=clock, lines=lines)
     assert out.getvalue() == ""  # nothing printed before the first refresh
     assert reporter.step(get_stats) is True
     for _ in range(10):  # 10 batches within 0.1 s: no refresh, no stats() call
@@ -52,15 +53,40 @@ def test_progress_refreshes_at_most_every_interval() -> None:
 
 def test_progress_without_total_shows_the_count() -> None:
     out = io.StringIO()
-    with ProgressReporter(file=out, desc="demo") as reporter:
+    with ProgressReporter(file=out, desc="demo", lines=False) as reporter:
         reporter.update(make_stats(samples=64))
     assert "demo: 64 img" in out.getvalue()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_progress_is_plain_lines() -> None:
+    # A log file gets whole lines, not a bar's carriage-return redraws, and fewer of them.
+    clock, log = ScriptedClock(), io.StringIO()
+    reporter = ProgressReporter(total=1000, desc="epoch 0", file=log, clock=clock)
+    assert reporter.lines and reporter.min_interval_s == 10.0
+    reporter.step(lambda: make_stats(samples=250))
+    clock.advance(5.0)
+    assert reporter.step(lambda: make_stats(samples=500)) is False  # not yet 10 s
+    reporter.close(make_stats(samples=1000))
+    assert "\r" not in log.getvalue()
+    assert log.getvalue().splitlines() == [
+        "epoch 0: 250/1000 img (25%) img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4",
+        "epoch 0: 1000/1000 img (100%) img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4",
+    ]
+    terminal = ProgressReporter(total=10, file=Terminal())
+    assert not terminal.lines and terminal.min_interval_s == 0.5
 
 
 def test_progress_counts_from_its_start() -> None:
     # A loader's stats count every epoch: the second epoch's bar starts at 1000, not 0.
     out = io.StringIO()
-    with ProgressReporter(total=1000, file=out, desc="epoch 1", start=1000) as reporter:
+    with ProgressReporter(
+        total=1000, file=out, desc="epoch 1", start=1000, lines=False
+    ) as reporter:
         reporter.update(make_stats(samples=1064))
         reporter.update(make_stats(samples=2000))
     text = out.getvalue()
