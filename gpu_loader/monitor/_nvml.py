@@ -64,6 +64,10 @@ def nvml_indices_for_cuda(
     return tuple(listed[i] for i in cuda_indices)
 
 
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+"""NVML's return code when libnvidia-ml is not installed: no NVIDIA driver here."""
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -118,14 +122,17 @@ class NvmlSampler(PeriodicThread):
         self._failed_ticks = 0
 
     # -- setup -------------------------------------------------------------------------
-    def _unavailable(self, reason: str) -> bool:
+    def _unavailable(self, reason: str, *, no_driver: bool = False) -> bool:
         self._reason = reason
         # Once per process and reason: every loader on a machine without NVML would
-        # otherwise print it again (the stats and the report still say "no GPU").
+        # otherwise print it again (the stats and the report still say "no GPU"). A
+        # machine with no NVIDIA driver at all is simply a machine without a GPU: that
+        # is said at INFO, not as a warning on every CPU run.
         with _warned_lock:
             first = reason not in _warned
             _warned.add(reason)
-        _log.log(logging.WARNING if first else logging.DEBUG, "GPU monitoring is off: %s", reason)
+        level = (logging.INFO if no_driver else logging.WARNING) if first else logging.DEBUG
+        _log.log(level, "GPU monitoring is off: %s", reason)
         return False
 
     def _setup(self) -> bool:
@@ -140,7 +147,10 @@ class NvmlSampler(PeriodicThread):
         try:
             nvml.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, OSError...
-            return self._unavailable(f"NVML did not initialise ({_describe(exc)})")
+            return self._unavailable(
+                f"NVML did not initialise ({_describe(exc)})",
+                no_driver=getattr(exc, "value", None) == NVML_ERROR_LIBRARY_NOT_FOUND,
+            )
         self._initialised = True
         try:
             count = int(nvml.nvmlDeviceGetCount())

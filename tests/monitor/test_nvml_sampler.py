@@ -57,6 +57,19 @@ def test_unavailable_says_so_once(
     assert nvml.inits == 1
 
 
+def test_a_machine_without_an_nvidia_driver_is_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # NVML_ERROR_LIBRARY_NOT_FOUND (12): no driver, so no GPU. Said at INFO, not WARNING.
+    caplog.set_level(logging.INFO, logger="gpu_loader.monitor")
+    with NvmlSampler(interval_s=MS, nvml=FakeNvml(init_error=FakeNVMLError(12))) as sampler:
+        snap = sampler.snapshot()
+    assert not snap.available and "NVML did not initialise" in (snap.reason or "")
+    assert warnings_from(caplog) == []
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(info) == 1 and "GPU monitoring is off" in info[0]
+
+
 def test_the_same_reason_warns_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
     # Every loader on a machine without NVML makes a sampler; one warning is enough.
     caplog.set_level(logging.DEBUG, logger="gpu_loader.monitor")
