@@ -185,16 +185,22 @@ class EpochBase:
             yield from order_by_cost(block, [cost(p) for p in block], lookahead)
 
     def note_failure(self, position: int) -> None:
-        """Called from a worker thread when a sample fails (the engine records why)."""
+        """Called from a worker thread when a sample fails (the engine records why).
+
+        The resume record learns of it at once, not when the batcher thread drains it
+        (up to an idle tick later): a `state_dict()` taken once `failed_samples()` lists
+        the failure must not send the sample to be tried, and reported, again.
+        """
+        self.received.failed(position)
         self.failed_positions.append(position)
 
     def drain_failures(self) -> None:
-        """Tell the batcher and the resume record about failures, and free their window."""
+        """Tell the batcher about failures (`note_failure` told the resume record), and
+        free their window."""
         freed = 0
         while self.failed_positions:
             position = self.failed_positions.popleft()
             self.batcher.fail(position)
-            self.received.failed(position)
             self.forget(position)
             freed += 1
         if freed:

@@ -207,6 +207,21 @@ def test_resume_survives_the_training_loops_set_epoch(unique_list: FileList, bat
     assert sorted(labels_of(run_epoch(again))) == list(range(len(unique_list)))
 
 
+def test_a_failure_reaches_the_resume_state_when_it_is_noted(unique_list: FileList) -> None:
+    # Not when the batcher thread drains it: a state taken in between would have the
+    # resumed run try the sample again, and report it a second time.
+    from gpu_loader._epoch import CpuEpoch
+
+    loader = make(unique_list)
+    epoch = CpuEpoch(loader, None)
+    try:
+        epoch.note_failure(3)  # as a read or decode thread does
+        assert epoch.received.state()["failed"] == [[3, 4]]
+        assert list(epoch.failed_positions) == [3]  # the batcher still hears of it
+    finally:
+        epoch.close()
+
+
 def test_a_refused_state_changes_nothing(unique_list: FileList) -> None:
     loader = make(unique_list, seed=2)
     it = iter(loader)
