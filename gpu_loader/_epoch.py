@@ -185,14 +185,21 @@ class EpochBase:
             yield from order_by_cost(block, [cost(p) for p in block], lookahead)
 
     def note_failure(self, position: int) -> None:
-        """Called from a worker thread when a sample fails (the engine records why).
-
-        The resume record learns of it at once, not when the batcher thread drains it
-        (up to an idle tick later): a `state_dict()` taken once `failed_samples()` lists
-        the failure must not send the sample to be tried, and reported, again.
-        """
-        self.received.failed(position)
+        """Called from a worker thread when a sample fails (the engine records why)."""
+        self.remember_failure(position)
         self.failed_positions.append(position)
+
+    def remember_failure(self, position: int) -> None:
+        """Put a failed sample in the resume record, so a resumed epoch does not run it
+        again: at once, not when the batcher thread drains it (up to an idle tick later),
+        so a `state_dict()` taken once `failed_samples()` lists it agrees.
+
+        Not with ``on_error="raise"`` (the user fixes the file, then resumes: it must run
+        again) and not once the epoch is stopping (work interrupted by the stop, such
+        as a fetch waiting for arena room, is not a bad sample).
+        """
+        if self.loader.on_error == "skip" and not self.stopping.is_set():
+            self.received.failed(position)
 
     def drain_failures(self) -> None:
         """Tell the batcher about failures (`note_failure` told the resume record), and
@@ -259,6 +266,11 @@ class EpochBase:
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The generator the training loop iterates."""
         loader = self.loader
+        # An iterator whose epoch was stopped before it ran (a newer iteration, close(),
+        # load_state_dict()) says so, and starts no sampler or clock.
+        self.check_not_stopped()
+        if self._closed:
+            raise RuntimeError("this epoch's iterator was closed before it started")
         monitor = loader._monitor_for_epoch()
         # The training loop's first next() runs now: starting the epoch's samplers and
         # threads is part of its wait (the start-up), so that wait begins here. (Between
@@ -280,7 +292,7 @@ class EpochBase:
                             produced = self.next_batch()
                         except Exception as exc:
                             self.check_not_stopped()  # a stopped epoch's own error is noise
-                            if isinstance(exc, PipelineFailure):
+                            if isinstance(exc, PipelineFailure) and exc.limit_reached:
                                 add_note(exc, self.failure_advice())
                             raise
                         finally:
@@ -312,11 +324,13 @@ class EpochBase:
             self.finished = True
             loader._epoch_finished()
         finally:
-            if in_wait:  # the threads did not start, or the epoch was stopped meanwhile
-                monitor.wait_ended()
-            if progress is not None:
-                progress.close(loader.stats())
-            self.close()
+            try:
+                if in_wait:  # the threads did not start, or the epoch was stopped meanwhile
+                    monitor.wait_ended()
+                if progress is not None:
+                    progress.close(loader.stats())
+            finally:
+                self.close()  # whatever the reporting did: join the threads, hand over
 
     def failure_advice(self) -> str:
         """What a training loop hit by `PipelineFailure` can do, in the loader's terms (the

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
-from gpu_loader.pipeline import OutputOrder, PipelineBuilder, PipelineFailure
-from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS
+from gpu_loader.pipeline import OutputOrder, PipelineBuilder
+from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS, limit_failure
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +148,7 @@ class GpuEpoch(EpochBase):
                 if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
                     self.gpu_causes.append(exc)
         for position, _, _ in failed:
-            self.received.failed(position)
+            self.remember_failure(position)
         self.release(len(failed))
 
     # -- the training loop's thread ----------------------------------------------------
@@ -194,7 +194,7 @@ class GpuEpoch(EpochBase):
         else:
             over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
         if over:
-            raise PipelineFailure(
+            raise limit_failure(
                 f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "
                 f"max_failures={limit!r}; see failed_samples() for every key",
                 causes or [RuntimeError("GPU decode failures")],
@@ -204,7 +204,14 @@ class GpuEpoch(EpochBase):
     def failures(self) -> list[FailedSample]:
         with self.gpu_failures_lock:
             gpu = list(self.gpu_failures)
-        return [as_failed(r, self.epoch) for r in self.fetch_pipeline.failures()] + gpu
+        fetched = [
+            as_failed(r, self.epoch)
+            for r in self.fetch_pipeline.failures()
+            # A fetch stopped while it waited for arena room (the epoch was stopped) is
+            # not a bad sample.
+            if not isinstance(r.error, InterruptedError)
+        ]
+        return fetched + gpu
 
     def engine_stats(self) -> GpuEngineStats:
         stages = (*self.fetch_pipeline.stats().stages, *self.decode_pipeline.stats().stages[1:])

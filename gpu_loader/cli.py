@@ -232,8 +232,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             max_failures=args.max_failures,
         )
     except PipelineFailure as exc:
-        limit = exc.message.split(";")[0]  # "stage 'decode': failure rate above 0.01 (...)"
         first = f" First: {exc.exceptions[0]}." if exc.exceptions else ""
+        if not exc.limit_reached:  # a stage failed outright: no tolerance would help
+            raise CliError(f"{exc.message}") from None
+        limit = exc.message.split(";")[0]  # "stage 'decode': failure rate above 0.01 (...)"
         raise CliError(
             f"too many bad files, {limit}.{first} Rerun with --max-failures none to skip "
             "every bad file and list them all in the report"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 import threading
 import weakref
@@ -264,6 +265,7 @@ class ImageLoader:
         self.decode_threads = self.options.decode_threads or cpus
         self.io_threads = self.options.io_threads or _default_io_threads(source)
         self._resume: dict[str, Any] | None = None
+        self._restored = False  # load_state_dict() ran and no epoch has started since
         self._epoch_done = False
         self._explicit_epoch = False
         self._failed: list[FailedSample] = []
@@ -294,10 +296,16 @@ class ImageLoader:
         training loop's usual call at the top of each epoch) keeps the restored progress:
         the next iteration yields exactly what that epoch had left.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < EPOCH_LIMIT:
+        if isinstance(epoch, bool):
+            raise TypeError(f"`epoch` must be an int, got {epoch!r}")
+        try:
+            epoch = operator.index(epoch)  # int and numpy integers
+        except TypeError:
+            raise TypeError(f"`epoch` must be an int, got {epoch!r}") from None
+        if not 0 <= epoch < EPOCH_LIMIT:
             raise ValueError(
-                f"`epoch` must be an int in [0, {EPOCH_LIMIT}) (per-sample random streams "
-                f"key on it; pass the epoch number, not a step count), got {epoch!r}"
+                f"`epoch` must be in [0, {EPOCH_LIMIT}) (per-sample random streams key on "
+                f"it; pass the epoch number, not a step count), got {epoch}"
             )
         if self._resume is not None and epoch == self.sampler.epoch:
             self._explicit_epoch = True
@@ -306,6 +314,7 @@ class ImageLoader:
         self._explicit_epoch = True
         self._epoch_done = False
         self._resume = None
+        self._restored = False
 
     @property
     def epoch(self) -> int:
@@ -325,6 +334,7 @@ class ImageLoader:
         else:
             epoch = CpuEpoch(self, self._resume)
         self._resume = None
+        self._restored = False
         self._active = weakref.ref(epoch)
         return epoch.batches()
 
@@ -339,10 +349,11 @@ class ImageLoader:
             "epoch_done": self._epoch_done,
         }
         active = self._epoch()
-        if active is not None and not active.finished:
+        if self._restored:  # loaded and not iterated yet: an older epoch's iterator may
+            if self._resume is not None:  # still be alive, but this is the progress
+                state["batcher"] = self._resume
+        elif active is not None and not active.finished:
             state["batcher"] = active.received.state()
-        elif self._resume is not None:
-            state["batcher"] = self._resume
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -379,6 +390,7 @@ class ImageLoader:
         self._epoch_done = bool(state.get("epoch_done", False))
         self._explicit_epoch = False
         self._resume = state.get("batcher")
+        self._restored = True
 
     def _check_batcher_state(self, state: Any) -> None:
         """Raise now, not at the next iteration, for a batcher state this loader's epochs

@@ -30,10 +30,23 @@ class PipelineFailure(_ExceptionGroup[Exception]):  # type: ignore[misc]
     """Raised to the consumer when a stage passes its ``max_failures`` (or fails fatally).
 
     Each cause carries a note ``"stage: <name>, sample: <key>"`` and its original traceback.
+    ``limit_reached`` tells the two apart: True when failures passed ``max_failures``
+    (more tolerance would let the run go on), False for a fatal error of a stage.
     """
 
+    limit_reached: bool = False
+
     def derive(self, excs: Sequence[Exception]) -> PipelineFailure:  # type: ignore[override]
-        return PipelineFailure(self.message, excs)
+        derived = PipelineFailure(self.message, excs)
+        derived.limit_reached = self.limit_reached
+        return derived
+
+
+def limit_failure(message: str, causes: Sequence[Exception]) -> PipelineFailure:
+    """A `PipelineFailure` for failures past ``max_failures`` (``limit_reached``)."""
+    failure = PipelineFailure(message, causes)
+    failure.limit_reached = True
+    return failure
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -136,7 +149,7 @@ class FailurePolicy:
             detail = f"{failed} calls failed"
         self._tripped = True
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
-        return PipelineFailure(
+        return limit_failure(
             f"stage {self._stage!r}: {_describe_limit(limit)} ({detail}); "
             f"raise `max_failures` to tolerate more, see Pipeline.failures() for all records",
             causes,

@@ -220,6 +220,28 @@ def test_a_failure_reaches_the_resume_state_when_it_is_noted(unique_list: FileLi
         assert list(epoch.failed_positions) == [3]  # the batcher still hears of it
     finally:
         epoch.close()
+    # With on_error="raise" the user fixes the file and resumes: it must run again.
+    strict = CpuEpoch(make(unique_list, on_error="raise"), None)
+    try:
+        strict.note_failure(3)
+        assert strict.received.state()["failed"] == []
+    finally:
+        strict.close()
+
+
+def test_a_fatal_stage_error_gets_no_max_failures_advice(unique_list: FileList) -> None:
+    # max_failures cannot help when a stage fails outright (here the index itself).
+    class BrokenKeys(FileList):
+        def key(self, i: int) -> str:
+            if i == 20:
+                raise KeyError("the index lost sample 20")
+            return super().key(i)
+
+    broken = BrokenKeys([(unique_list.key(i), i) for i in range(len(unique_list))])
+    with pytest.raises(PipelineFailure) as info:
+        run_epoch(make(broken, shuffle=False))
+    assert not info.value.limit_reached
+    assert "max_failures" not in " ".join(getattr(info.value, "__notes__", []))
 
 
 def test_a_refused_state_changes_nothing(unique_list: FileList) -> None:
@@ -243,12 +265,42 @@ def test_a_refused_state_changes_nothing(unique_list: FileList) -> None:
     assert sorted(labels_of([first, *rest])) == list(range(len(unique_list)))
 
 
-@pytest.mark.parametrize("epoch", [-1, 2**24, 1.0, True])
+@pytest.mark.parametrize("epoch", [-1, 2**24, 1.0, True, "3"])
 def test_set_epoch_refuses_what_the_random_streams_cannot_key(
     unique_list: FileList, epoch: Any
 ) -> None:
-    with pytest.raises(ValueError, match="epoch"):
+    with pytest.raises((TypeError, ValueError), match="epoch"):
         make(unique_list).set_epoch(epoch)
+    loader = make(unique_list)
+    loader.set_epoch(np.int64(3))  # numpy integers are integers
+    assert loader.epoch == 3
+
+
+def test_state_right_after_a_restore_is_the_restored_one(unique_list: FileList) -> None:
+    # An older epoch's iterator may still be alive (stopped by the restore); a checkpoint
+    # taken before iterating again must still be the restored progress.
+    saver = make(unique_list, seed=8)
+    it = iter(saver)
+    for _ in range(4):
+        next(it)
+    saved = json.loads(json.dumps(saver.state_dict()))
+    loader = make(unique_list, seed=8)
+    old = iter(loader)
+    next(old)  # one batch of its own, iterator kept
+    loader.load_state_dict(saved)
+    assert loader.state_dict()["batcher"] == saved["batcher"]
+    loader.set_epoch(0)  # the saved epoch again: still the restored progress
+    assert loader.state_dict()["batcher"] == saved["batcher"]
+    assert len(labels_of(run_epoch(loader))) == len(unique_list) - 4 * 8
+
+
+def test_a_stale_iterator_says_so_and_starts_nothing(unique_list: FileList) -> None:
+    loader = make(unique_list, options=gl.LoaderOptions(monitor_gpu=False))
+    before = set(threading.enumerate())
+    stale, _current = iter(loader), iter(loader)  # the second stops the first's epoch
+    with pytest.raises(RuntimeError, match="this epoch's iterator was stopped"):
+        next(stale)
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
 
 
 def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:

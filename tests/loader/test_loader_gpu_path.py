@@ -187,3 +187,24 @@ def test_a_batch_failing_whole_counts_each_sample(
     monkeypatch.setattr(_gpu_stage.GpuBatchStage, "_launch", second_batch_fails)
     with pytest.raises(PipelineFailure, match="8 of"):  # 8 samples, not 1 call, against 2
         labels_of(make(unique_list, max_failures=2, shuffle=False))
+
+
+def test_fetches_stopped_by_close_are_not_failures(unique_list: FileList) -> None:
+    # close() interrupts fetch threads waiting for arena room (InterruptedError): not a
+    # bad sample, so neither listed nor saved as failed (a resume would skip it).
+    from gpu_loader._gpu_epoch import GpuEpoch
+    from gpu_loader.pipeline import FailureRecord
+
+    loader = make(unique_list, max_failures=None)
+    epoch = GpuEpoch(loader, None)
+    try:
+        stopped = FailureRecord("fetch", unique_list.key(1), InterruptedError("stopped"))
+        bad = FailureRecord("fetch", unique_list.key(2), ValueError("bad header"))
+        epoch.fetch_pipeline.failures = lambda: [stopped, bad]  # type: ignore[method-assign]
+        assert [f.key for f in epoch.failures()] == [unique_list.key(2)]
+        epoch.note_failure(2)  # a bad sample while running: saved
+        epoch.stop_feeding()
+        epoch.note_failure(1)  # the interrupted fetch, once stopping: not saved
+        assert epoch.received.state()["failed"] == [[2, 3]]
+    finally:
+        epoch.close()
