@@ -230,14 +230,14 @@ class StragglerRows:
             moved = items
         else:
             order, moved = self._fill_host(tensor, host, positions, items)
-        with self._lock:
+        with self._lock:  # both the batcher and the training loop's threads assemble
             for placed in moved:
                 if placed.slab is not None and placed.slab is not host:
                     placed.slab.held.discard(placed.row)
             self._leave(positions)
-        self.copied_rows += len(moved)
-        self.hosted += host is not None
-        self.fresh += host is None
+            self.copied_rows += len(moved)
+            self.hosted += host is not None
+            self.fresh += host is None
         for placed in moved:
             if placed.private is not None:
                 self._spare.append(placed.private)

@@ -132,3 +132,14 @@ def test_progress_bar_runs(tmp_path: Path) -> None:
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make_image_folder(tmp_path / "x", num_images=1, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_folder_with_foreign_files_is_refused_untouched(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "d", num_images=4, num_classes=2, min_side=32, max_side=48)
+    (root / ".DS_Store").write_bytes(b"finder")
+    with pytest.raises(ValueError, match=r"\.DS_Store"):
+        make_image_folder(root, num_images=6, num_classes=2, min_side=32, max_side=48)
+    # Nothing was removed: the first dataset is still complete and recognised as such.
+    assert (root / "manifest.json").exists()
+    again = make_image_folder(root, num_images=4, num_classes=2, min_side=32, max_side=48)
+    assert again == root and len(list(root.rglob("img_*"))) == 4

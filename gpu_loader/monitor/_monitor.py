@@ -7,6 +7,7 @@ The loader wraps its consumer-facing iterator with :meth:`Monitor.track` (or cal
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,22 +60,26 @@ class ActiveClock:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
+        self._lock = threading.Lock()  # stats() reads it from any thread, mid-resume too
         self._paused_total = 0.0
         self._paused_at: float | None = None
 
     def __call__(self) -> float:
-        paused_at = self._paused_at
-        now = self._clock() if paused_at is None else paused_at
-        return now - self._paused_total
+        with self._lock:
+            paused_at = self._paused_at
+            now = self._clock() if paused_at is None else paused_at
+            return now - self._paused_total
 
     def pause(self) -> None:
-        if self._paused_at is None:
-            self._paused_at = self._clock()
+        with self._lock:
+            if self._paused_at is None:
+                self._paused_at = self._clock()
 
     def resume(self) -> None:
-        if self._paused_at is not None:
-            self._paused_total += self._clock() - self._paused_at
-            self._paused_at = None
+        with self._lock:
+            if self._paused_at is not None:
+                self._paused_total += self._clock() - self._paused_at
+                self._paused_at = None
 
 
 class Monitor:

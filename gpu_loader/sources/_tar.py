@@ -205,18 +205,18 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
     labels: dict[str, int] = {}
     for member in tar:
         check_member_name(member.name, shard)
-        if member.offset_data + member.size > shard_size:
-            # tarfile stops quietly at a cut that falls inside a member's data.
-            raise ValueError(
-                f"tar shard {shard!r} is truncated or corrupt: member {member.name!r} needs "
-                f"{member.offset_data + member.size} bytes, the shard has {shard_size}"
-            )
         if member.isdir():
             continue
         if not member.isreg() or member.issparse():
             raise ValueError(
                 f"tar shard {shard!r} member {member.name!r} is a link or special file; "
                 "shards may hold only regular files"
+            )
+        if member.offset_data + member.size > shard_size:
+            # tarfile stops quietly at a cut that falls inside a member's data.
+            raise ValueError(
+                f"tar shard {shard!r} is truncated or corrupt: member {member.name!r} needs "
+                f"{member.offset_data + member.size} bytes, the shard has {shard_size}"
             )
         parts = _KEY_EXT.match(member.name)
         if parts is None:
