@@ -54,7 +54,7 @@ def stage_times(datas: list[bytes], transform: TrainTransform | EvalTransform) -
         decode_at(d, key="", max_pixels=DEFAULT_MAX_PIXELS, factor=k)
         for d, k in zip(datas, factors, strict=True)
     ]
-    scaled = [p.scaled(im.scale) for p, im in zip(params, images, strict=True)]
+    scaled = [im.box(p) for p, im in zip(params, images, strict=True)]
     rng = np.random.default_rng(0)
     result = {
         "probe_size": _per_item_ms(lambda i: probe_size(datas[i]), n),

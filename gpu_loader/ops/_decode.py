@@ -18,16 +18,28 @@ import numpy as np
 from gpu_loader.ops._formats import (
     Format,
     header_size,
+    jpeg_chroma_ratio,
     jpeg_header,
     jpeg_orientation,
     orientation_swaps_axes,
     sniff,
 )
+from gpu_loader.ops._transforms import CropParams
 
 # Pillow's own default (Image.MAX_IMAGE_PIXELS): ~89.5 Mpx, a 0.25 GiB RGBA image.
 DEFAULT_MAX_PIXELS = 89_478_485
 DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo reduced-size IDCT with SIMD paths: 1/8, 1/4, 1/2
 _MIN_SIDE_FOR_DCT = 64  # below this, scaled decodes save nothing and edge blocks dominate
+
+
+def cap_dct_factor(factor: int, buf: bytes | memoryview) -> int:
+    """``factor``, lowered to 2 for a JPEG whose chroma is 4x coarser than its luma along
+    an axis (4:1:1): libjpeg-turbo's scaled chroma IDCT there fell to 27 dB at 1/8 and 35
+    at 1/4 against a full decode (4:2:0, 4:2:2, 4:4:0 and 4:4:4 stay >= 37 dB at 1/8).
+    The header is read again only when a factor above 2 was chosen."""
+    if factor > 2 and jpeg_chroma_ratio(buf) >= 4:
+        return 2
+    return factor
 
 
 class DecodeError(ValueError):
@@ -39,11 +51,14 @@ class DecodedImage:
     """A decoded image.
 
     ``array`` is HWC uint8 RGB (possibly a strided view). ``scale`` is the DCT downscale that
-    was applied (1, 1/2, 1/4 or 1/8): a box in original pixels maps to ``box.scaled(scale)``.
+    was applied (1, 1/2, 1/4 or 1/8) and ``origin`` where this pixel grid starts, in original
+    (oriented) pixels, (y, x): a box in original pixels maps to `box` (``box.scaled(scale)``
+    when ``origin`` is (0, 0), as it is unless an EXIF orientation flipped a reduced decode).
     """
 
     array: np.ndarray
     scale: float = 1.0
+    origin: tuple[float, float] = (0.0, 0.0)
     # The RGBX buffer `array` is a view of, when there is one (zero-copy into Pillow).
     rgbx: np.ndarray | None = field(default=None, repr=False)
 
@@ -51,6 +66,20 @@ class DecodedImage:
         a = self.array
         if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
             raise ValueError(f"`array` must be HWC uint8 with 3 channels, got {a.dtype} {a.shape}")
+
+    def box(self, params: CropParams) -> CropParams:
+        """``params`` (in original, oriented pixels) in this image's pixels."""
+        top, left = self.origin
+        if self.scale == 1.0 and top == left == 0.0:
+            return params
+        moved = CropParams(
+            top=params.top - top,
+            left=params.left - left,
+            height=params.height,
+            width=params.width,
+            flip=params.flip,
+        )
+        return moved.scaled(self.scale)
 
     @property
     def height(self) -> int:
@@ -183,7 +212,7 @@ def _decode_jpeg(
         return _decode_pillow(buf, key)
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
-        factor = choose_dct_factor(oriented[0], oriented[1], min_size)
+        factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf)
     want_h, want_w = math.ceil(height / factor), math.ceil(width / factor)
     try:
         rgbx = simplejpeg.decode_jpeg(
@@ -196,9 +225,31 @@ def _decode_jpeg(
         if factor == 1:
             raise _fail(key, f"decoder returned {rgbx.shape[:2]}, header said {(height, width)}")
         return _decode_jpeg(buf, key, max_pixels, None, 1)
+    origin = (0.0, 0.0)
     if orientation != 1:
         rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))
-    return DecodedImage(array=rgbx[:, :, :3], scale=1.0 / factor, rgbx=rgbx)
+        # A reduced decode has ceil(side / factor) pixels: its last one stands for the
+        # padded edge block. Where the orientation flips an axis, that block comes first,
+        # and the grid starts `pad` pixels before the image (up to 7 at 1/8).
+        pads = (want_h * factor - height, want_w * factor - width)
+        origin = reduced_origin(orientation, pads)
+    return DecodedImage(array=rgbx[:, :, :3], scale=1.0 / factor, origin=origin, rgbx=rgbx)
+
+
+def reduced_origin(orientation: int, pads: tuple[int, int]) -> tuple[float, float]:
+    """(y, x) where an oriented reduced decode's grid starts, in original pixels, given the
+    stored image's edge padding ``pads`` = (rows, columns): minus the padding of each stored
+    axis that the orientation runs backwards along an oriented axis, else 0."""
+    stored = np.arange(4).reshape(2, 2, 1)  # stored (row, col) -> 2 * row + col
+    grid = apply_orientation(stored, orientation)[:, :, 0]
+    row0, col0 = divmod(int(grid[0, 0]), 2)
+    origin = []
+    for step in (int(grid[1, 0]), int(grid[0, 1])):  # one pixel down, one pixel right
+        row, col = divmod(step, 2)
+        backwards = row < row0 if row != row0 else col < col0
+        pad = pads[0] if row != row0 else pads[1]
+        origin.append(-float(pad) if backwards else 0.0)
+    return origin[0], origin[1]
 
 
 def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:

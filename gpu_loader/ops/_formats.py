@@ -90,6 +90,29 @@ def _jpeg_segments(view: memoryview) -> Iterator[tuple[int, int, int]]:
         pos += 2 + length
 
 
+def jpeg_chroma_ratio(data: bytes | memoryview) -> int:
+    """How much coarser the chroma of a JPEG is than its luma along the coarser axis: 1
+    for 4:4:4 or grey, 2 for 4:2:0, 4:2:2 and 4:4:0, 4 for 4:1:1; 1 when unreadable.
+
+    From the frame header's sampling factors (the largest over the smallest, per axis).
+    """
+    view = memoryview(data)
+    for marker, at, size in _jpeg_segments(view):
+        if marker in _SOF_HUFFMAN or marker in _OTHER_SOF:
+            count = view[at + 5] if size >= 6 else 0
+            if count == 0 or size < 6 + 3 * count:
+                return 1
+            factors = [view[at + 7 + 3 * i] for i in range(count)]
+            h = [f >> 4 for f in factors]
+            v = [f & 15 for f in factors]
+            if min(h) == 0 or min(v) == 0:
+                return 1
+            return max(max(h) // min(h), max(v) // min(v))
+        if marker == 0xDA:
+            break
+    return 1
+
+
 def jpeg_orientation(data: bytes | memoryview) -> int:
     """The EXIF orientation (1-8) of a JPEG, 1 when absent or unreadable.
 

@@ -20,6 +20,7 @@ from gpu_loader.ops._decode import (
     _as_bytes,
     _check_pixels,
     _jpeg_header,
+    cap_dct_factor,
     decode_at,
     probe_size,
 )
@@ -62,9 +63,8 @@ def load_into(
         height, width = size
         params = transform.make_params(height, width, rng)
         factor = dct_factor_for(params, transform.output_size, height, width)
-        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=factor)
-        if image.scale != 1.0:
-            params = params.scaled(image.scale)
+        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=cap_dct_factor(factor, buf))
+        params = image.box(params)
     transform_into(image, params, out, mean=transform.mean, std=transform.std, dtype=dtype)
     return height, width
 
@@ -106,7 +106,7 @@ def _load_jpeg_native(
         return None
     _check_pixels(key, height, width, max_pixels)
     params = transform.make_params(height, width, rng)
-    factor = dct_factor_for(params, transform.output_size, height, width)
+    factor = cap_dct_factor(dct_factor_for(params, transform.output_size, height, width), buf)
     if factor != 1:
         params = params.scaled(1.0 / factor)
     try:

@@ -257,7 +257,7 @@ def clamp_box(params: CropParams, height: int, width: int) -> tuple[float, float
         raise ValueError(
             f"crop box (top={params.top}, left={params.left}, height={params.height}, "
             f"width={params.width}) exceeds the {height}x{width} image; for a reduced-size "
-            "decode pass `params.scaled(image.scale)`"
+            "decode pass `image.box(params)`"
         )
     return params.left, params.top, min(right, float(width)), min(bottom, float(height))
 

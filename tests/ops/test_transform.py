@@ -109,20 +109,45 @@ def test_reduced_decode_path_is_taken_and_stays_close(
     assert psnr01(out, pillow_reference(big.data, t, np.random.default_rng(0)), t) >= 35.0
 
 
-def test_exif_rotated_jpeg_through_load_into() -> None:
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_rotated_jpeg_through_load_into(orientation: int, scales_used: list[float]) -> None:
+    # Sides that are not multiples of 8: a 1/8 decode's last pixel stands for a padded
+    # edge block, which an orientation that flips an axis puts first (QA: 22-30 dB).
     from gpu_loader.datasets import photo_like
 
     exif = Image.Exif()
-    exif[0x0112] = 6
+    exif[0x0112] = orientation
     buf = io.BytesIO()
-    Image.fromarray(photo_like(600, 900, np.random.default_rng(5))).save(
-        buf, "JPEG", quality=92, exif=exif.tobytes()
+    Image.fromarray(photo_like(601, 903, np.random.default_rng(5))).save(
+        buf, "JPEG", quality=92, subsampling=0, exif=exif.tobytes()
     )
     data = buf.getvalue()
-    for t in (EvalTransform(64), TrainTransform(100)):
+    swapped = orientation >= 5
+    for t in (EvalTransform(24), EvalTransform(64), TrainTransform(100)):
         out = np.empty((3, *t.output_size), np.float32)
-        assert load_into(data, t, np.random.default_rng(1), out, dtype="float32") == (900, 600)
+        size = load_into(data, t, np.random.default_rng(1), out, dtype="float32")
+        assert size == ((903, 601) if swapped else (601, 903))
         assert psnr01(out, pillow_reference(data, t, np.random.default_rng(1)), t) >= 35.0
+    assert 0.125 in scales_used  # the 1/8 decode was exercised
+
+
+def test_4_1_1_chroma_is_not_decoded_below_half_scale(scales_used: list[float]) -> None:
+    # libjpeg-turbo's scaled chroma IDCT falls to 27 dB at 1/8 for 4:1:1 (QA run).
+    import cv2
+
+    from gpu_loader.datasets import photo_like
+
+    bgr = photo_like(1037, 1211, np.random.default_rng(9))[:, :, ::-1]
+    flags = [cv2.IMWRITE_JPEG_QUALITY, 95]
+    flags += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411]
+    ok, encoded = cv2.imencode(".jpg", np.ascontiguousarray(bgr), flags)
+    assert ok
+    data = encoded.tobytes()
+    for t in (EvalTransform(24), EvalTransform(64)):
+        out = np.empty((3, *t.output_size), np.float32)
+        load_into(data, t, np.random.default_rng(0), out, dtype="float32")
+        assert psnr01(out, pillow_reference(data, t, np.random.default_rng(0)), t) >= 35.0
+    assert decode(data, min_size=(24, 24)).scale == 0.5
 
 
 def float64_path(
