@@ -18,7 +18,10 @@ class FileList(FileIndex):
     """Samples given as ``(path_or_url, label)`` pairs, kept in the given order.
 
     Paths may be local (read with the zero-copy fast path) or any fsspec URL; both kinds
-    may be mixed. ``classes`` optionally names the labels (``classes[label]``).
+    may be mixed. ``classes`` optionally names the labels (``classes[label]``). With
+    ``root`` (a folder or URL) every path must be relative to it: keys are the joined
+    paths, and `fingerprint` covers the paths as given, so the data may move with its list
+    and a saved run still resumes.
     """
 
     def __init__(
@@ -26,6 +29,7 @@ class FileList(FileIndex):
         items: Iterable[tuple[str | os.PathLike[str], int]],
         *,
         classes: Sequence[str] | None = None,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         locations: list[str] = []
         labels: list[int] = []
@@ -41,6 +45,11 @@ class FileList(FileIndex):
             location = os.fspath(path)
             if not location:
                 raise ValueError(f"FileList item {n}: path is empty")
+            if root is not None and _absolute(location):
+                raise ValueError(
+                    f"FileList item {n}: {location!r} is not relative to `root`; give "
+                    "relative paths with `root`, or no `root`"
+                )
             locations.append(location)
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))
         names = list(classes) if classes is not None else []
@@ -49,7 +58,8 @@ class FileList(FileIndex):
                 f"FileList labels span {min(labels)}..{max(labels)} but {len(names)} classes "
                 "were named; each label must index `classes`"
             )
-        super().__init__(locations, np.array(labels, np.int64), None, names)
+        prefix = "" if root is None else _as_prefix(os.fspath(root))
+        super().__init__(locations, np.array(labels, np.int64), None, names, prefix)
 
     @classmethod
     def from_csv(
@@ -58,7 +68,8 @@ class FileList(FileIndex):
         """Read a CSV with the header ``path,label`` (extra columns are ignored).
 
         Relative paths are taken relative to the CSV's own folder (or URL), so a dataset
-        folder with its CSV inside can be moved as a whole.
+        folder with its CSV inside can be moved as a whole: when every path is relative,
+        the fingerprint covers them as written, and a saved run resumes from the new place.
         """
         location = os.fspath(path)
         try:
@@ -86,19 +97,33 @@ class FileList(FileIndex):
                 raise ValueError(
                     f"CSV {location!r} line {line}: label {row[l_col]!r} is not an integer"
                 ) from None
-            items.append((_join(base, row[p_col].strip()), label))
-        return cls(items, classes=classes)
+            items.append((row[p_col].strip(), label))
+        if all(not _absolute(entry) for entry, _ in items):
+            return cls(items, classes=classes, root=base)
+        return cls([(_join(base, entry), label) for entry, label in items], classes=classes)
+
+
+def _absolute(entry: str) -> bool:
+    return _io.is_url(entry) or os.path.isabs(entry)
 
 
 def _base_of(location: str) -> str:
-    if _io.local_path(location) is not None and not location.startswith("file://"):
-        return os.path.dirname(location)
-    return posixpath.dirname(location)
+    """The folder (or URL) a CSV at ``location`` sits in; absolute for a local file, so
+    its samples' keys survive a change of working directory."""
+    if _io.is_url(location):
+        scheme, _, rest = location.partition("://")
+        return f"{scheme}://{posixpath.dirname(rest)}"  # "memory://list.csv" -> "memory://"
+    return os.path.dirname(os.path.abspath(location))
+
+
+def _as_prefix(base: str) -> str:
+    """``base`` ending in its separator, so that prefix + relative path is the key."""
+    if _io.is_url(base):
+        return base if base.endswith("/") else base + "/"
+    return os.path.join(base, "")
 
 
 def _join(base: str, entry: str) -> str:
-    if _io.is_url(entry) or os.path.isabs(entry) or not base:
+    if _absolute(entry):
         return entry
-    if _io.is_url(base):
-        return f"{base.rstrip('/')}/{entry}"
-    return os.path.join(base, entry)
+    return _as_prefix(base) + entry

@@ -124,3 +124,43 @@ def test_fingerprint_depends_on_keys_and_labels() -> None:
     assert FileList([("a.jpg", 0), ("b.jpg", 2)]).fingerprint() != base
     assert FileList([("b.jpg", 1), ("a.jpg", 0)]).fingerprint() != base
     assert FileList([("a.jpg", 0)]).fingerprint() != base
+
+
+def test_a_moved_csv_folder_keeps_its_fingerprint_and_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jpg = image_bytes(3)
+    write(tmp_path / "set" / "img" / "a b.jpg", jpg)
+    write(tmp_path / "set" / "list.csv", b"path,label\nimg/a b.jpg,4\n")
+    here = FileList.from_csv(tmp_path / "set" / "list.csv")
+    (tmp_path / "set").rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "moved")
+    there = FileList.from_csv("list.csv")  # a relative CSV path, from inside the folder
+    assert there.fingerprint() == here.fingerprint()  # so a saved run resumes
+    assert os.path.isabs(there.key(0)) and there.read(0) == jpg
+    monkeypatch.chdir(tmp_path)  # keys are absolute: a later chdir does not break reads
+    assert there.read(0) == jpg
+
+
+def test_a_csv_at_the_root_of_a_url_filesystem() -> None:
+    import uuid
+
+    fs, name = fsspec.filesystem("memory"), uuid.uuid4().hex
+    jpg = image_bytes(6)
+    fs.pipe_file(f"/{name}/a.jpg", jpg)
+    fs.pipe_file(f"/{name}.csv", f"path,label\n{name}/a.jpg,2\n".encode())
+    try:
+        index = FileList.from_csv(f"memory://{name}.csv")
+        assert index.key(0) == f"memory://{name}/a.jpg" and index.read(0) == jpg
+    finally:
+        fs.rm(f"/{name}", recursive=True)
+        fs.rm(f"/{name}.csv")
+
+
+def test_root_needs_relative_paths(tmp_path: Path) -> None:
+    write(tmp_path / "a.jpg", image_bytes(1))
+    index = FileList([("a.jpg", 0)], root=tmp_path)
+    assert index.key(0) == str(tmp_path / "a.jpg") and index.nbytes(0) is not None
+    assert index.fingerprint() == FileList([("a.jpg", 0)], root="/elsewhere").fingerprint()
+    with pytest.raises(ValueError, match="not relative to `root`"):
+        FileList([(str(tmp_path / "a.jpg"), 0)], root=tmp_path)
