@@ -8,6 +8,7 @@ be shuffled globally instead of only streamed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import posixpath
 import re
@@ -29,7 +30,6 @@ LABEL_EXTENSION = "cls"
 
 # WebDataset's rule: the key is everything up to the first dot of the file name.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")
-_BRACES = re.compile(r"\{([^{}]*)\}")
 
 # (image member name, data offset, data size, label or -1)
 _Entry = tuple[str, int, int, int]
@@ -119,21 +119,64 @@ class TarShards:
 
 
 def expand_urls(pattern: str) -> list[str]:
-    """Expand ``{a,b}`` lists and ``{000..099}`` zero-padded ranges (WebDataset's notation)."""
-    match = _BRACES.search(pattern)
-    if match is None:
+    """Expand ``{a,b}`` lists (nested too) and ``{000..099}`` / ``{0..98..2}`` ranges, as
+    bash and WebDataset do: a range is zero-padded to its wider end when either end has
+    a leading zero. A pattern that names one path twice is refused (a shard read twice
+    would give its samples twice per epoch)."""
+    urls = _expand(pattern, pattern)
+    seen: set[str] = set()
+    for url in urls:
+        if url in seen:
+            raise ValueError(f"the brace pattern {pattern!r} names {url!r} more than once")
+        seen.add(url)
+    return urls
+
+
+def _expand(pattern: str, whole: str, at: int = 0) -> list[str]:
+    """Expand the first brace group at or after ``at`` (and then the rest)."""
+    start = pattern.find("{", at)
+    if start < 0:
         return [pattern]
-    head, tail, body = pattern[: match.start()], pattern[match.end() :], match.group(1)
-    span = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if span is not None:
-        lo, hi = span.group(1), span.group(2)
-        if int(hi) < int(lo):
-            raise ValueError(f"brace range {{{body}}} in {pattern!r} runs backwards")
-        width = len(lo) if lo.startswith("0") else 0
-        choices = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    depth, commas = 0, []
+    for end in range(start, len(pattern)):
+        char = pattern[end]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                break
+        elif char == "," and depth == 1:
+            commas.append(end)
+    else:  # no closing brace: the rest is literal text
+        return [pattern]
+    head, body, tail = pattern[:start], pattern[start + 1 : end], pattern[end + 1 :]
+    choices: list[str] | None
+    if commas:
+        cuts = [start, *commas, end]
+        choices = [pattern[a + 1 : b] for a, b in itertools.pairwise(cuts)]
     else:
-        choices = body.split(",")
-    return [url for c in choices for url in expand_urls(head + c + tail)]
+        choices = _range(body, whole)
+    if choices is None:  # neither a list nor a range: literal text, as in bash
+        return _expand(pattern, whole, end + 1)
+    # A choice may hold braces itself: expansion goes on from where it starts.
+    return [url for c in choices for url in _expand(head + c + tail, whole, len(head))]
+
+
+def _range(body: str, whole: str) -> list[str] | None:
+    """The values of ``a..b`` or ``a..b..step``; None for anything else."""
+    span = re.fullmatch(r"(\d+)\.\.(\d+)(?:\.\.(\d+))?", body)
+    if span is None:
+        return None
+    lo, hi, step_text = span.group(1), span.group(2), span.group(3)
+    if int(hi) < int(lo):
+        raise ValueError(f"brace range {{{body}}} in {whole!r} runs backwards")
+    step = int(step_text) if step_text is not None else 1
+    if step < 1:
+        raise ValueError(f"brace range {{{body}}} in {whole!r} needs a step >= 1")
+    padded = any(len(end) > 1 and end.startswith("0") for end in (lo, hi))
+    width = max(len(lo), len(hi)) if padded else 0
+    return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1, step)]
 
 
 def check_member_name(name: str, shard: str) -> None:

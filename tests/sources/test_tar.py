@@ -90,6 +90,26 @@ def test_brace_pattern_and_single_path(shards: list[Path], tmp_path: Path) -> No
         expand_urls("s-{5..1}.tar")
 
 
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("x{a,{b,c}}.tar", ["xa.tar", "xb.tar", "xc.tar"]),  # nested: no shard twice
+        ("s{1..010}", [f"s{n:03d}" for n in range(1, 11)]),  # padded to the wider end, as bash
+        ("s{0..6..3}", ["s0", "s3", "s6"]),  # a step
+        ("s{a}.tar", ["s{a}.tar"]),  # neither a list nor a range: literal
+        ("{a}{0..1}", ["{a}0", "{a}1"]),
+        ("p{1..3", ["p{1..3"]),  # unclosed: literal
+    ],
+)
+def test_brace_patterns_expand_as_bash_does(pattern: str, expected: list[str]) -> None:
+    assert expand_urls(pattern) == expected
+
+
+def test_a_pattern_naming_a_shard_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="more than once"):
+        expand_urls("x{a,b,a}.tar")
+
+
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
