@@ -44,6 +44,8 @@ class ImageFolder(FileIndex):
         allow_empty: bool = False,
     ) -> None:
         root_s = os.fspath(root)
+        if isinstance(extensions, str):  # one extension, as torchvision also allows
+            extensions = (extensions,)
         exts = tuple(e.lower() for e in extensions)
         if not exts or not all(e.startswith(".") for e in exts):
             raise ValueError(

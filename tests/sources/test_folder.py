@@ -113,6 +113,8 @@ def test_extensions_can_be_narrowed(tree: Path) -> None:
     assert rels == ["bird/zz/y.jpg", "dog/Z.JPG", "dog/b.jpg", "dog/sub/c.jpeg"]
     with pytest.raises(ValueError, match="extensions"):
         ImageFolder(tree, extensions=("jpg",))
+    one = ImageFolder(tree, extensions=".jpeg", allow_empty=True)  # a str: one extension
+    assert [os.path.relpath(one.key(i), tree) for i in range(len(one))] == ["dog/sub/c.jpeg"]
 
 
 def test_fingerprint_is_stable_and_independent_of_location(
