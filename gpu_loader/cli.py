@@ -162,6 +162,8 @@ def _failure_limit(text: str) -> int | float | None:
     """``--max-failures``: ``none``, a count, or a rate in (0, 1)."""
     if text.lower() == "none":
         return None
+    from gpu_loader.pipeline._defs import check_max_failures
+
     try:
         value: int | float = int(text)
     except ValueError:
@@ -169,8 +171,10 @@ def _failure_limit(text: str) -> int | float | None:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a count, a rate or none") from None
-    if (isinstance(value, int) and value < 0) or (isinstance(value, float) and not 0 < value < 1):
-        raise argparse.ArgumentTypeError(f"{text!r}: a count >= 0 or a rate in (0, 1)")
+    try:
+        check_max_failures(value)  # the loader's own rule
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r}: a count >= 0 or a rate in (0, 1)") from None
     return value
 
 
@@ -232,9 +236,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             max_failures=args.max_failures,
         )
     except PipelineFailure as exc:
-        first = f" First: {exc.exceptions[0]}." if exc.exceptions else ""
         if not exc.limit_reached:  # a stage failed outright: no tolerance would help
-            raise CliError(f"{exc.message}") from None
+            raise CliError(exc.message) from None
+        first = f" First: {exc.exceptions[0]}." if exc.exceptions else ""
         limit = exc.message.split(";")[0]  # "stage 'decode': failure rate above 0.01 (...)"
         raise CliError(
             f"too many bad files, {limit}.{first} Rerun with --max-failures none to skip "

@@ -11,7 +11,6 @@ The GPU path (`gpu_loader._gpu_epoch`) decodes whole batches on the device inste
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import os
 import threading
@@ -29,6 +28,7 @@ from gpu_loader.monitor import (
     ProgressReporter,
     nvml_indices_for_cuda,
 )
+from gpu_loader.monitor._periodic import check_interval
 from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform
 from gpu_loader.pipeline._defs import check_max_failures
 from gpu_loader.sources import SampleIndex, Sampler, open_index
@@ -126,11 +126,7 @@ class LoaderOptions:
                 raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
             raise TypeError(f"`pin_memory` must be True, False or None, got {self.pin_memory!r}")
-        interval = self.log_interval_s
-        if isinstance(interval, bool) or not isinstance(interval, int | float):
-            raise TypeError(f"`log_interval_s` must be a number of seconds, got {interval!r}")
-        if not 0 < interval < math.inf:
-            raise ValueError(f"`log_interval_s` must be a finite number > 0, got {interval!r}")
+        check_interval("log_interval_s", self.log_interval_s)
         if self.log_jsonl is not None:
             folder = os.path.dirname(os.path.abspath(os.fspath(self.log_jsonl)))
             if not os.path.isdir(folder):
