@@ -93,10 +93,10 @@ def make_image_folder(
     if manifest_matches(root, spec):
         return root
     root.mkdir(parents=True, exist_ok=True)
-    _check_only_generated(root)  # before anything is removed: a refused folder stays as it was
+    earlier = _generated_files(root)  # before anything is removed: a refused folder stays
     # Remove a stale manifest first: a half-written folder must never look complete.
     (root / MANIFEST).unlink(missing_ok=True)
-    _clear_generated(root)
+    _clear_generated(root, earlier)
     counts = {"images": 0, "jpeg": 0, "png": 0, "gray": 0, "heavy": 0}
     for rel, data, kind in _progress(_generate(spec), spec.num_images, progress):
         path = root / rel
@@ -115,27 +115,24 @@ def make_image_folder(
 _GENERATED = re.compile(r"class_\d+/img_\d{6,}\.(jpg|png)|" + re.escape(MANIFEST) + r"(\.tmp)?")
 
 
-def _files_under(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_symlink() or not p.is_dir()]
-
-
-def _check_only_generated(root: Path) -> None:
-    """Refuse a folder holding files this generator does not write (never deleted)."""
-    foreign = [
-        p for p in _files_under(root) if not _GENERATED.fullmatch(p.relative_to(root).as_posix())
-    ]
+def _generated_files(root: Path) -> list[Path]:
+    """The files under ``root``, all written by this generator; refuses a folder holding
+    any other file (never deleted)."""
+    files = [p for p in root.rglob("*") if p.is_symlink() or not p.is_dir()]
+    foreign = [p for p in files if not _GENERATED.fullmatch(p.relative_to(root).as_posix())]
     if foreign:
         raise ValueError(
             f"{root} holds files a generated dataset does not (e.g. {foreign[0]}); "
             "choose a new or empty folder"
         )
+    return files
 
 
-def _clear_generated(root: Path) -> None:
-    """Remove an earlier generation's images (other parameters), so none is left behind in
-    the new dataset (`_check_only_generated` has run: everything here is ours)."""
-    for path in _files_under(root):
-        path.unlink()
+def _clear_generated(root: Path, files: list[Path]) -> None:
+    """Remove an earlier generation's ``files`` (other parameters), so none is left behind
+    in the new dataset."""
+    for path in files:
+        path.unlink(missing_ok=True)  # the manifest may already be gone
     for folder in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         folder.rmdir()  # the emptied class folders, deepest first
 

@@ -411,10 +411,10 @@ class ImageLoader:
 
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
-        active = self._epoch()
-        engine = active.engine_stats() if active is not None else self._last_engine_stats
         if self._monitor is None and self._stats_at_close is not None:
             return self._stats_at_close  # the record of the run, after `close()`
+        active = self._epoch()
+        engine = active.engine_stats() if active is not None else self._last_engine_stats
         monitor = self._monitor or _make_monitor(self)
         return monitor.stats(engine, failures=len(self.failed_samples()))
 
