@@ -22,6 +22,7 @@ from gpu_loader.ops._formats import (
     jpeg_header,
     jpeg_orientation,
     orientation_swaps_axes,
+    png_truncation,
     sniff,
 )
 from gpu_loader.ops._transforms import CropParams
@@ -278,6 +279,12 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     _check_pixels(key, size[0], size[1], max_pixels)
+    if fmt == "png":
+        cut, has_trailer = png_truncation(buf)
+        if cut is not None:
+            raise _fail(key, f"truncated or corrupt PNG: {cut}")
+        if not has_trailer:  # OpenCV refuses these (with a stderr line); Pillow decodes them
+            return _decode_pillow(buf, key)
     flags = cv2.IMREAD_COLOR  # 3 channels: grey replicated, alpha dropped, EXIF applied
     bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
     if bgr is None or bgr.ndim != 3 or bgr.shape[2] != 3:

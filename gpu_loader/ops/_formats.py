@@ -51,6 +51,54 @@ def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None
     return None
 
 
+# A walk over more chunks than this (hostile input: millions of empty chunks) stops
+# checking and leaves the file to the decoder; real PNGs have tens to a few thousand.
+_MAX_PNG_CHUNKS = 100_000
+
+
+def png_truncation(data: bytes | memoryview) -> tuple[str | None, bool]:
+    """``(why the PNG is cut short or None, whether it ends with its IEND trailer)``, from
+    its chunk lengths alone. The reason is None when the image data is complete (or the
+    layout is too odd to judge: the decoder then has the last word).
+
+    Truncated: the file ends inside an IDAT chunk, or inside any chunk before the first
+    IDAT, or has no IDAT at all. A file that ends after complete IDAT chunks (only the
+    IEND trailer, or an ancillary chunk after the image data, missing) still decodes with
+    Pillow, as with libpng's own tools. Checked before decoding because libpng prints its
+    own error lines to stderr for a cut file (OpenCV adds a warning), which a loader that
+    reports the file by key should not repeat on the terminal.
+    """
+    view = memoryview(data)
+    end = len(view)
+    pos, idat_done = 8, False
+    for _ in range(_MAX_PNG_CHUNKS):
+        if pos + 8 > end:
+            if idat_done:
+                return None, False
+            if pos == end:
+                return "it ends before any image data (no IDAT chunk)", False
+            return f"it ends inside a chunk header at byte {pos:,} (file size {end:,})", False
+        length = int.from_bytes(view[pos : pos + 4], "big")
+        kind = bytes(view[pos + 4 : pos + 8])
+        if kind == b"IEND":
+            if idat_done:
+                return None, True
+            return "it has no image data (IEND before any IDAT chunk)", True
+        chunk_end = pos + 12 + length  # length, type, data, CRC
+        if chunk_end > end:
+            if idat_done and kind != b"IDAT":
+                return None, False  # an ancillary chunk after the image data
+            name = kind.decode("latin-1") if kind.isalpha() else kind.hex()
+            return (
+                f"it ends inside chunk {name!r} at byte {pos:,}: the chunk needs "
+                f"{chunk_end - pos:,} bytes, the file has {end - pos:,} from there"
+            ), False
+        if kind == b"IDAT":
+            idat_done = True
+        pos = chunk_end
+    return None, True  # too many chunks to walk: as if complete
+
+
 def _webp_size(chunk: bytes) -> tuple[int, int] | None:
     kind = chunk[:4]
     if kind == b"VP8X":

@@ -135,6 +135,35 @@ def test_truncated_jpeg_and_png_raise(image: np.ndarray) -> None:
         assert "'half'" in str(info.value)
 
 
+def test_a_cut_png_is_named_without_decoder_noise(
+    image: np.ndarray, capfd: pytest.CaptureFixture[str]
+) -> None:
+    big = np.tile(image, (6, 6, 1))  # image data in several IDAT chunks
+    data = png(big)
+    idat = data.index(b"IDAT") - 4
+    cuts = {
+        "inside the image data": (len(data) * 2 // 3, "inside chunk 'IDAT'"),
+        "before any image data": (idat, "no IDAT chunk"),
+        "inside a chunk header": (idat + 5, "inside a chunk header"),
+    }
+    for name, (cut, reason) in cuts.items():
+        with pytest.raises(DecodeError, match="truncated") as info:
+            decode(data[:cut], key="cut.png")
+        assert reason in str(info.value) and "'cut.png'" in str(info.value), name
+    # libpng and OpenCV would each print a line here for the cut files.
+    assert capfd.readouterr().err == ""
+
+
+def test_a_png_without_its_end_trailer_still_decodes(
+    image: np.ndarray, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = png(image)
+    assert data.endswith(b"IEND\xaeB`\x82")
+    whole = decode(data).array
+    np.testing.assert_array_equal(decode(data[:-12], key="no-iend.png").array, whole)
+    assert capfd.readouterr().err == ""
+
+
 def test_corrupt_jpeg_body_raises(image: np.ndarray) -> None:
     data = bytearray(jpeg(image))
     data[len(data) // 2 : len(data) // 2 + 200] = b"\xff\xd9" * 100  # EOI markers mid-scan
