@@ -16,10 +16,12 @@ setup(
             libraries=["jpeg"],
             # -O3 vectorises the row loops; -fno-trapping-math lets it turn the casts'
             # selects into vector blends (no result changes); no -ffast-math: rounding
-            # must stay IEEE.
+            # must stay IEEE, and -ffp-contract=off keeps a*b+c from fusing where a build
+            # targets FMA (train_params must round as numpy's Philox draws do).
             extra_compile_args=[
                 "-O3",
                 "-fno-trapping-math",
+                "-ffp-contract=off",
                 "-std=c11",
                 "-Wall",
                 "-Wextra",

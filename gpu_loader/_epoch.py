@@ -39,7 +39,7 @@ from gpu_loader.pipeline import (
     SlowLane,
 )
 from gpu_loader.pipeline._errors import add_note
-from gpu_loader.sources import sample_rng
+from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
     import torch
@@ -482,7 +482,7 @@ class CpuEpoch(EpochBase):
             load_into(
                 task.data or b"",
                 loader.transform,
-                sample_rng(loader.seed, self.epoch, task.index),
+                sample_stream(loader.seed, self.epoch, task.index),
                 out,
                 dtype=loader.dtype,
                 key=task.key,

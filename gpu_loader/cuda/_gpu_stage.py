@@ -4,7 +4,8 @@ Two engine ops and a consumer-side call:
 
 - :class:`GpuFetcher` (the fetch stage, I/O threads): reads a sample's bytes straight into
   a slice of the pinned arena, reads the JPEG header (``probe_size``, EXIF-oriented) and
-  draws the crop parameters there, on the CPU, from ``sample_rng(seed, epoch, index)``.
+  draws the crop parameters there, on the CPU, from ``sample_stream(seed, epoch, index)``
+  (``sample_rng``'s stream).
   Input that is not a JPEG (PNG, WebP, ...) is decoded right there on the CPU: the
   GPU decoders do not take it, and one PNG decoded in a GPU worker held its whole batch
   (measured on an H100: 23 of 36 ms per 64-image batch with 2% PNGs). Its pixels are
@@ -49,7 +50,8 @@ from gpu_loader.ops import (
     decode,
     probe_size,
 )
-from gpu_loader.sources import sample_rng
+from gpu_loader.ops._transforms import Random
+from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
     import torch
@@ -95,8 +97,8 @@ class FetchedSample:
     """Crop box and flip, drawn on the oriented header size (JPEG) or the decoded size."""
     size: tuple[int, int] | None = None
     """(height, width) after EXIF orientation, from the JPEG header; None for non-JPEG."""
-    rng: np.random.Generator | None = field(default=None, repr=False)
-    """The sample's generator, still unused when ``params`` is None."""
+    rng: Random | None = field(default=None, repr=False)
+    """The sample's random stream, still unused when ``params`` is None."""
     host: DecodedImage | None = field(default=None, repr=False)
     """The pixels, decoded on the CPU at fetch (non-JPEG input); None for a JPEG."""
 
@@ -167,7 +169,7 @@ class GpuFetcher:
         piece, data = self._read(index, key)
         try:
             size = probe_size(data, key=key)
-            rng = sample_rng(self.seed, self.epoch, index)
+            rng = sample_stream(self.seed, self.epoch, index)
             if size is not None:
                 check_pixels(key, size, self.max_pixels)
                 params = self.transform.make_params(size[0], size[1], rng)

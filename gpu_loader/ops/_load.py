@@ -26,13 +26,19 @@ from gpu_loader.ops._decode import (
 )
 from gpu_loader.ops._formats import sniff
 from gpu_loader.ops._transform import _check_out, native_target, transform_into
-from gpu_loader.ops._transforms import CropParams, EvalTransform, OutputDtype, TrainTransform
+from gpu_loader.ops._transforms import (
+    CropParams,
+    EvalTransform,
+    OutputDtype,
+    Random,
+    TrainTransform,
+)
 
 
 def load_into(
     data: bytes | bytearray | memoryview | np.ndarray,
     transform: TrainTransform | EvalTransform,
-    rng: np.random.Generator,
+    rng: Random,
     out: np.ndarray,
     *,
     dtype: OutputDtype,
@@ -90,7 +96,7 @@ def _load_jpeg_native(
     native: ModuleType,
     buf: bytes | memoryview,
     transform: TrainTransform | EvalTransform,
-    rng: np.random.Generator,
+    rng: Random,
     out: np.ndarray,
     dtype: OutputDtype,
     key: str,

@@ -23,6 +23,12 @@
  * vectorisable); when an output row's window is complete its horizontal pass writes the
  * normalised values into the three output planes. Working memory is a few rows.
  *
+ *   train_params(key_low, key_high, height, width, s0, s1, log_r0, log_r1, flip_prob)
+ *       TrainTransform.make_params drawn from sample_rng's stream without building numpy's
+ *       Generator: Philox4x64-10 keyed as numpy's Philox, its uniform / bounded-integer /
+ *       random draws reproduced bit for bit (tests compare them with numpy's). Holds the GIL
+ *       (a microsecond of arithmetic).
+ *
  * Weights follow transform-semantics.md: scale = (b1 - b0) / out, filterscale = max(scale, 1),
  * support = filterscale, centre c = b0 + (i + 0.5) * scale, taps [max(int(c - support + 0.5), 0),
  * min(int(c + support + 0.5), in)), weight tri((x - c + 0.5) / filterscale), normalised.
@@ -658,6 +664,155 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------- crop parameters (Philox) */
+
+/* numpy's Philox (Random123's Philox4x64 with 10 rounds): a 256-bit counter and a 128-bit
+   key give four 64-bit words per block. numpy starts the counter at 0 and increments it
+   before each block, hands the words out in order, and splits one word into two 32-bit
+   draws (low half first) for bounded integers. Floats take a whole word each. */
+typedef struct {
+    uint64_t ctr[4], key[2], block[4];
+    int pos; /* next word of block to hand out; 4: a new block is due */
+    int has_u32;
+    uint32_t u32;
+} Philox;
+
+static void philox_init(Philox *p, uint64_t key_low, uint64_t key_high) {
+    memset(p, 0, sizeof(*p));
+    p->key[0] = key_low;
+    p->key[1] = key_high;
+    p->pos = 4;
+}
+
+static uint64_t philox_next64(Philox *p) {
+    if (p->pos < 4) return p->block[p->pos++];
+    for (int i = 0; i < 4 && ++p->ctr[i] == 0; ++i) {
+    } /* carry */
+    uint64_t c0 = p->ctr[0], c1 = p->ctr[1], c2 = p->ctr[2], c3 = p->ctr[3];
+    uint64_t k0 = p->key[0], k1 = p->key[1];
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) {
+            k0 += 0x9E3779B97F4A7C15ULL;
+            k1 += 0xBB67AE8584CAA73BULL;
+        }
+        const unsigned __int128 m0 = (unsigned __int128)0xD2E7470EE14C6C93ULL * c0;
+        const unsigned __int128 m1 = (unsigned __int128)0xCA5A826395121157ULL * c2;
+        const uint64_t hi0 = (uint64_t)(m0 >> 64), lo0 = (uint64_t)m0;
+        const uint64_t hi1 = (uint64_t)(m1 >> 64), lo1 = (uint64_t)m1;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    p->block[0] = c0;
+    p->block[1] = c1;
+    p->block[2] = c2;
+    p->block[3] = c3;
+    p->pos = 1;
+    return c0;
+}
+
+static uint32_t philox_next32(Philox *p) {
+    if (p->has_u32) {
+        p->has_u32 = 0;
+        return p->u32;
+    }
+    const uint64_t word = philox_next64(p);
+    p->has_u32 = 1;
+    p->u32 = (uint32_t)(word >> 32);
+    return (uint32_t)word;
+}
+
+/* Generator.random(): 53 bits of a word. */
+static double philox_double(Philox *p) {
+    return (double)(philox_next64(p) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Generator.integers(0, n) for 1 <= n <= 2**32 - 1 (int64): Lemire's rejection method on
+   32-bit draws, as numpy's bounded integers; n == 1 draws nothing. */
+static uint64_t philox_below(Philox *p, uint64_t n) {
+    const uint32_t rng = (uint32_t)(n - 1);
+    if (rng == 0) return 0;
+    const uint32_t excl = rng + 1;
+    uint64_t m = (uint64_t)philox_next32(p) * excl;
+    uint32_t leftover = (uint32_t)m;
+    if (leftover < excl) {
+        const uint32_t threshold = (UINT32_MAX - rng) % excl;
+        while (leftover < threshold) {
+            m = (uint64_t)philox_next32(p) * excl;
+            leftover = (uint32_t)m;
+        }
+    }
+    return m >> 32;
+}
+
+enum { MAX_TRIES = 10 }; /* _transforms._MAX_TRIES */
+
+/* Returns (top, left, height, width, flip); top == -1: no try fitted (the caller takes
+   torchvision's centre-crop fallback, flip drawn as usual); top == -2: a value left the
+   finite range Python's round() accepts, so the caller draws in Python (which raises as
+   it always did). */
+static PyObject *py_train_params(PyObject *self, PyObject *args) {
+    unsigned long long key_low, key_high;
+    long long height, width;
+    double s0, s1, log_r0, log_r1, flip_prob;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKLLddddd", &key_low, &key_high, &height, &width, &s0, &s1,
+                          &log_r0, &log_r1, &flip_prob))
+        return NULL;
+    if (height < 1 || width < 1 || height > INT32_MAX || width > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "train_params: height and width must be in [1, 2**31), "
+                                       "got %lld x %lld", height, width);
+        return NULL;
+    }
+    Philox p;
+    philox_init(&p, key_low, key_high);
+    const double area = (double)(height * width), s_range = s1 - s0, r_range = log_r1 - log_r0;
+    if (!isfinite(s_range) || !isfinite(r_range)) return Py_BuildValue("iiiii", -2, 0, 0, 0, 0);
+    long long top = -1, left = -1, h = 0, w = 0;
+    for (int i = 0; i < MAX_TRIES; ++i) {
+        const double target = area * (s0 + s_range * philox_double(&p));
+        const double aspect = exp(log_r0 + r_range * philox_double(&p));
+        const double wd = nearbyint(sqrt(target * aspect)); /* half to even, as Python */
+        const double hd = nearbyint(sqrt(target / aspect));
+        if (!isfinite(wd) || !isfinite(hd)) return Py_BuildValue("iiiii", -2, 0, 0, 0, 0);
+        if (0 < wd && wd <= (double)width && 0 < hd && hd <= (double)height) {
+            w = (long long)wd;
+            h = (long long)hd;
+            top = (long long)philox_below(&p, (uint64_t)(height - h + 1));
+            left = (long long)philox_below(&p, (uint64_t)(width - w + 1));
+            break;
+        }
+    }
+    const int flip = philox_double(&p) < flip_prob;
+    return Py_BuildValue("LLLLO", top, left, h, w, flip ? Py_True : Py_False);
+}
+
+/* Raw 64-bit words of the stream, for the tests that compare it with numpy's Philox. */
+static PyObject *py_philox_words(PyObject *self, PyObject *args) {
+    unsigned long long key_low, key_high;
+    Py_ssize_t n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKn", &key_low, &key_high, &n)) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "philox_words: n must be >= 0");
+        return NULL;
+    }
+    Philox p;
+    philox_init(&p, key_low, key_high);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject *v = PyLong_FromUnsignedLongLong(philox_next64(&p));
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------- conversions (tests) */
 
 static PyObject *py_convert(PyObject *self, PyObject *args) {
@@ -691,6 +846,13 @@ static PyMethodDef methods[] = {
      "decode_resize_jpeg(data, denom, height, width, box, out, out_h, out_w, flip, dtype, "
      "scale, shift)\n\nDecode a JPEG at 1/denom scale, only the region the box needs, "
      "streaming into resize_into's transform. Raises JpegError. GIL released."},
+    {"train_params", py_train_params, METH_VARARGS,
+     "train_params(key_low, key_high, height, width, s0, s1, log_r0, log_r1, flip_prob)\n\n"
+     "TrainTransform.make_params from Philox(key=key_low | key_high << 64): (top, left, "
+     "height, width, flip); top -1: centre-crop fallback; -2: draw in Python."},
+    {"philox_words", py_philox_words, METH_VARARGS,
+     "philox_words(key_low, key_high, n)\n\nThe first n 64-bit words of numpy's "
+     "Philox(key=key_low | key_high << 64), for tests."},
     {"convert", py_convert, METH_VARARGS,
      "convert(float32_src, dst, dtype)\n\nThe float16 (1) / bfloat16 (2) rounding the stores "
      "use, exposed for tests."},

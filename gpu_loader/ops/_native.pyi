@@ -36,4 +36,17 @@ def decode_resize_jpeg(
     shift: tuple[float, float, float],
     /,
 ) -> None: ...
+def train_params(
+    key_low: int,
+    key_high: int,
+    height: int,
+    width: int,
+    s0: float,
+    s1: float,
+    log_r0: float,
+    log_r1: float,
+    flip_prob: float,
+    /,
+) -> tuple[int, int, int, int, bool]: ...
+def philox_words(key_low: int, key_high: int, n: int, /) -> list[int]: ...
 def convert(src: Buffer, dst: Buffer, dtype: int, /) -> None: ...

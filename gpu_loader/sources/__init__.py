@@ -2,7 +2,8 @@
 
 Indexes (``ImageFolder``, ``FileList``, ``TarShards``) implement ``SampleIndex``: keys,
 labels and byte reads. ``Sampler`` orders, shards and resumes; ``sample_rng`` gives each
-sample its own deterministic random stream.
+sample its own deterministic random stream (``sample_stream``: the same, as a key the native
+transform code draws from in C).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from gpu_loader.sources._filelist import FileList
 from gpu_loader.sources._folder import IMG_EXTENSIONS, ImageFolder
 from gpu_loader.sources._io import BufferTooSmallError, is_url
 from gpu_loader.sources._open import open_index
-from gpu_loader.sources._rng import sample_rng
+from gpu_loader.sources._rng import SampleStream, sample_rng, sample_stream
 from gpu_loader.sources._sampler import Sampler
 from gpu_loader.sources._tar import TarShards, expand_urls
 
@@ -23,6 +24,7 @@ __all__ = [
     "FileList",
     "ImageFolder",
     "SampleIndex",
+    "SampleStream",
     "Sampler",
     "TarShards",
     "expand_urls",
@@ -30,4 +32,5 @@ __all__ = [
     "open_index",
     "resolve_distributed",
     "sample_rng",
+    "sample_stream",
 ]

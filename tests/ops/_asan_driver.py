@@ -73,6 +73,12 @@ def main(so_path: str, cases_path: str) -> None:
             except ValueError:
                 failed += 1
     assert failed > 0
+    words = native.philox_words(5, 7, 1000)  # the crop-parameter draws: pure arithmetic
+    assert words == np.random.Philox(key=5 | 7 << 64).random_raw(1000).tolist()
+    for i in range(2000):
+        size = (int(rng.integers(1, 5000)), int(rng.integers(1, 5000)))
+        top, left, bh, bw, _ = native.train_params(i, 3, *size, 0.08, 1.0, -0.29, 0.29, 0.5)
+        assert top == -1 or (0 <= top <= size[0] - bh and 0 <= left <= size[1] - bw)
     print(f"asan ok: {exact} exact, {failed} damaged files refused")
 
 
