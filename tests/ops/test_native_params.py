@@ -83,7 +83,9 @@ def test_c_and_python_agree_on_any_key_and_setting(
     r: tuple[float, float],
     flip_prob: float,
 ) -> None:
-    t = TrainTransform(224, scale=(s[0], s[0] + s[1]), ratio=(r[0], r[0] + r[1]), flip_prob=flip_prob)
+    t = TrainTransform(
+        224, scale=(s[0], s[0] + s[1]), ratio=(r[0], r[0] + r[1]), flip_prob=flip_prob
+    )
     c, py = both(t, h, w, sample_stream(seed, epoch, index))
     assert c == py
 
