@@ -7,7 +7,7 @@ system runs in its own process; the parent samples its process tree's PSS. Throu
 CPU time are measured after a short warm-up (worker start-up is excluded for everyone).
 
     python benchmarks/cpu_loaders.py                 # 2000 images, train and eval, 3 rounds
-    python benchmarks/cpu_loaders.py --quick         # a smoke run (200 images)
+    python benchmarks/cpu_loaders.py --quick         # a smoke run (704 images, 8 timed batches)
 
 Results: ``benchmarks/results/cpu_loaders.json`` and a markdown table on stdout.
 """
@@ -32,6 +32,8 @@ BATCH = 64
 SIZE = 224
 RESIZE = 256
 WARMUP_BATCHES = 3
+MIN_TIMED_BATCHES = 5  # fewer is one batch's noise (or only a short last batch), not a rate
+QUICK_IMAGES = (WARMUP_BATCHES + 8) * BATCH
 
 # system name -> (description, threads or workers used)
 SYSTEMS: dict[str, str] = {
@@ -311,6 +313,7 @@ def measure(system: str, data: Path, kind: str) -> dict[str, Any]:
     shape: list[int] = []
     last = 0.0
     iterator = iter(RUNNERS[system](data, kind))
+    timed = 0
     for batches, batch in enumerate(iterator, start=1):
         if batches == WARMUP_BATCHES:
             timer.start()
@@ -318,11 +321,17 @@ def measure(system: str, data: Path, kind: str) -> dict[str, Any]:
             images += int(batch[0].shape[0])
             shape = list(batch[0].shape)
             last = time.perf_counter()
+            timed += 1
     close = getattr(iterator, "close", None)
     if close is not None:
         close()
     del iterator  # worker processes exit and are reaped, so their CPU time is counted
     _, cpu = timer.stop()
+    if timed < MIN_TIMED_BATCHES:
+        raise ValueError(
+            f"only {timed} batches after the {WARMUP_BATCHES} warm-up ones: too few to time; "
+            f"use a folder of at least {(WARMUP_BATCHES + MIN_TIMED_BATCHES) * BATCH} images"
+        )
     wall = last - timer.t0
     return {
         "images": images,
@@ -379,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 200 images, train only, gpu_loader vs the two DataLoader variants",
+        help=f"smoke run: {QUICK_IMAGES} images, train only, one round, gpu_loader vs the "
+        "two DataLoader variants",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
@@ -389,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.worker, args.data, args.kind)))
         return 0
 
-    num = 200 if args.quick else args.num_images
+    num = QUICK_IMAGES if args.quick else args.num_images
+    least = (WARMUP_BATCHES + MIN_TIMED_BATCHES) * BATCH
+    if args.data is None and num < least:
+        parser.error(f"--num-images must be at least {least} ({MIN_TIMED_BATCHES} timed batches)")
     kinds = ["train"] if args.quick else args.transforms.split(",")
     systems = QUICK_SYSTEMS if args.quick else args.systems.split(",")
     repeats = 1 if args.quick else args.repeats

@@ -13,6 +13,7 @@ Each cell is the median of ``--repeats`` runs; engines take turns within each re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import queue
 import statistics
@@ -182,6 +183,13 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few items, one repeat")
@@ -200,7 +208,13 @@ def main() -> None:
         ("gpu_loader (stats off)", lambda *a: run_ours(*a, stats_on=False), n_noop),
     ]
     if not args.no_spdl:
-        engines.append(("SPDL 0.8", run_spdl, n_spdl))
+        if not _installed("spdl"):
+            print(
+                "[skip] SPDL 0.8: spdl is not installed (pip install 'gpu-loader[bench]')",
+                file=sys.stderr,
+            )
+        else:
+            engines.append(("SPDL 0.8", run_spdl, n_spdl))
 
     for conc in (1, 4):
         for order in ("completion", "input"):

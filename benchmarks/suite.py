@@ -23,7 +23,7 @@ def applies(name: str) -> str | None:
 
 
 def run_suite(out: Path, *, only: str | None = None, quick: bool = False) -> int:
-    """Run each benchmark in its own process; returns the number that failed (0 = all ran)."""
+    """Run each benchmark in its own process; returns 0 when every one ran, else 1."""
     names = [n.strip() for n in only.split(",")] if only else list(BENCHMARKS)
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
