@@ -1,6 +1,6 @@
 """Transform specs: every geometric transform is a crop box in source pixels + an output size.
 
-The exact formulas are in /work/shared/transform-semantics.md (torchvision's RandomResizedCrop
+The exact formulas are in docs/transform-semantics.md (torchvision's RandomResizedCrop
 sampling and fallback, Resize(int) truncation, CenterCrop rounding). `make_params` draws from
 the caller's generator, so the CPU path and the CUDA kernels compute the same function of the
 same parameters whatever the thread count. The caller may pass a keyed stream
