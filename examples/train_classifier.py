@@ -5,7 +5,8 @@
 
 Prints loss, accuracy, throughput and the data-stall fraction per epoch. Without --data it
 trains on a generated folder (each class has its own colour cast, so there is something to
-learn); on a 2-core CPU the default run takes about 10-15 seconds.
+learn); on a 2-core CPU the default run takes about 10-25 seconds (more when the machine is
+shared).
 """
 
 from __future__ import annotations
@@ -74,14 +75,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             max_side=320,
             progress=True,
         )
-    source = gl.sources.ImageFolder(args.data)
-    loader = gl.ImageLoader(
-        source,
-        batch_size=args.batch_size,
-        transform=gl.ops.TrainTransform(args.size, scale=(0.25, 1.0)),
-        device=args.device,
-        seed=args.seed,
-        batching=args.batching,
+    try:
+        source = gl.sources.ImageFolder(args.data)
+        loader = gl.ImageLoader(
+            source,
+            batch_size=args.batch_size,
+            transform=gl.ops.TrainTransform(args.size, scale=(0.25, 1.0)),
+            device=args.device,
+            seed=args.seed,
+            batching=args.batching,
+        )
+    except (ValueError, RuntimeError) as exc:  # a bad --data or --device: one line
+        raise SystemExit(f"train_classifier.py: error: {exc}") from None
+    print(
+        f"data: {args.data} ({len(source)} images, {len(source.classes)} classes); "
+        f"device: {loader.device}; batching: {args.batching}",
+        flush=True,
     )
     model = SmallNet(len(source.classes)).to(loader.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -1,7 +1,8 @@
 """The `gpu-loader` command: demo, make-dataset, bench, inspect.
 
-Errors a user can cause (missing path, empty folder, bad option) print one line and
-exit with status 2; they never show a traceback.
+Errors a user can cause (missing path, empty folder, bad option) print one line naming
+the option and exit with status 2; a run that fails on its data (too many bad files)
+prints one line and exits with status 1. Neither shows a traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -17,11 +19,33 @@ from typing import NoReturn
 
 import gpu_loader
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
 class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+    """A user-facing error: printed as one line, exit status ``code`` (2: usage)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def in_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with the library's `parameter` names replaced by the command's flags."""
+    return re.sub(r"`(\w+)`", lambda m: flags.get(m.group(1), m.group(0)), message)
+
+
+# Library parameter -> the flag that sets it, per command.
+_DEMO_FLAGS = {"decode_threads": "--threads", "device": "--device", "batch_size": "--batch-size"}
+_MAKE_FLAGS = {
+    "num_images": "--num",
+    "num_classes": "--classes",
+    "min_side": "--min-side",
+    "max_side": "--max-side",
+    "heavy_fraction": "--heavy-fraction",
+    "seed": "--seed",
+}
 
 
 def cache_dir() -> Path:
@@ -212,6 +236,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     for name in ("num_images", "epochs", "batch_size", "size"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    if args.threads is not None:
+        _positive("threads", args.threads)
+    device = args.device.strip().lower()
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise CliError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
     if args.step_ms < 0:
         raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
     for path in (args.json, args.log_jsonl):  # before the run, which these would outlive
@@ -237,15 +266,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     except PipelineFailure as exc:
         if not exc.limit_reached:  # a stage failed outright: no tolerance would help
-            raise CliError(exc.message) from None
+            raise CliError(exc.message, code=EXIT_FAILED) from None
         first = f" First: {exc.exceptions[0]}." if exc.exceptions else ""
         limit = exc.message.split(";")[0]  # "stage 'decode': failure rate above 0.01 (...)"
         raise CliError(
             f"too many bad files, {limit}.{first} Rerun with --max-failures none to skip "
-            "every bad file and list them all in the report"
+            "every bad file and list them all in the report",
+            code=EXIT_FAILED,
         ) from None
     except (ValueError, RuntimeError) as exc:
-        raise CliError(str(exc)) from None
+        message = in_flags(str(exc), _DEMO_FLAGS)
+        message = re.sub(r"device='(\w+)'", r"--device \1", message)
+        raise CliError(message) from None
     print(report.text)
     if args.json is not None:
         args.json.write_text(report.json)
@@ -273,7 +305,7 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
             progress=True,
         )
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(in_flags(str(exc), _MAKE_FLAGS)) from None
     classes = min(args.num, args.classes)  # image i goes to class i % classes
     print(
         f"wrote {args.num} images in {classes} classes to {root} "
@@ -302,9 +334,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- entry point
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, which names itself
+        command = _subparsers(parser).get(args.command or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()
@@ -313,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except CliError as exc:
         print(f"gpu-loader {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.code
     except KeyboardInterrupt:
         print(f"gpu-loader {args.command}: interrupted", file=sys.stderr)
         return 130

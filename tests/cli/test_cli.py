@@ -139,6 +139,9 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("inspect", "--data", ".", "--size", "0"), "--size must be > 0"),
         (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1)"),
         (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
+        (("demo", "--threads", "0", "--data", "."), "--threads must be > 0"),
+        (("demo", "--device", "tpu", "--data", "."), "--device must be auto, cpu, cuda"),
+        (("demo", "--bogus"), "gpu-loader demo: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_errors_are_one_line_without_traceback(
@@ -171,7 +174,7 @@ def test_demo_with_bad_files_stops_clearly_or_lists_them(tiny: Path, tmp_path: P
     args = ("demo", "--data", str(data), "--epochs", "1", "--batch-size", "8", "--size", "32")
     quick = ("--step-ms", "0", "--no-progress", "--device", "cpu")
     stopped = run(*args, *quick, cache=tmp_path)  # 1 of 41 is over the default 1% rate
-    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr  # 2: usage errors
     assert str(bad) in stopped.stderr and "--max-failures none" in stopped.stderr
     listed = run(*args, *quick, "--max-failures", "none", cache=tmp_path)
     assert listed.returncode == 0, listed.stderr
@@ -194,3 +197,14 @@ def test_make_dataset_again_replaces_the_earlier_images(tmp_path: Path) -> None:
     refused = run("make-dataset", str(out), "--num", "3", *sides, cache=tmp_path)
     assert refused.returncode == 2 and "notes.txt" in refused.stderr
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_make_dataset_errors_name_its_flags(tmp_path: Path) -> None:
+    out = str(tmp_path / "never")
+    for args, needle in (
+        (("--heavy-fraction", "1.5"), "--heavy-fraction must be in [0, 1], got 1.5"),
+        (("--min-side", "900", "--max-side", "100"), "--min-side and --max-side must satisfy"),
+    ):
+        result = run("make-dataset", out, *args, cache=tmp_path)
+        assert result.returncode == 2 and needle in result.stderr, result.stderr
+    assert not (tmp_path / "never").exists()
