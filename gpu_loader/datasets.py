@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,7 +78,10 @@ def make_image_folder(
     ``[min_side, max_side]``; a ``heavy_fraction`` of the images get their sides multiplied by
     a factor from ``heavy_scale`` (stragglers for the batching benchmark). JPEG quality is
     75-95. If ``root/manifest.json`` already records the same parameters, the folder is
-    reused as is (generation is deterministic, so its bytes would be identical).
+    reused as is (generation is deterministic, so its bytes would be identical); an earlier
+    generation with other parameters is replaced (said on stderr with ``progress``), and a
+    folder holding any other file is refused. ``progress``: a bar on a terminal, else a
+    line per quarter.
     """
     spec = DatasetSpec(
         num_images=num_images,
@@ -96,6 +101,13 @@ def make_image_folder(
     earlier = _generated_files(root)  # before anything is removed: a refused folder stays
     # Remove a stale manifest first: a half-written folder must never look complete.
     (root / MANIFEST).unlink(missing_ok=True)
+    images = sum(p.suffix in (".jpg", ".png") for p in earlier)
+    if progress and images:
+        print(
+            f"{root}: replacing an earlier generated dataset ({images} images, other parameters)",
+            file=sys.stderr,
+            flush=True,
+        )
     _clear_generated(root, earlier)
     counts = {"images": 0, "jpeg": 0, "png": 0, "gray": 0, "heavy": 0}
     for rel, data, kind in _progress(_generate(spec), spec.num_images, progress):
@@ -167,12 +179,33 @@ def _progress(
 ) -> Iterable[tuple[str, bytes, tuple[str, ...]]]:
     if not enabled:
         return items
+    isatty = getattr(sys.stderr, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        return _progress_lines(items, total)  # a log file gets lines, not a bar's updates
     from tqdm import tqdm
 
     bar: Iterable[tuple[str, bytes, tuple[str, ...]]] = tqdm(
         items, total=total, desc="generating images", unit="img"
     )
     return bar
+
+
+def _progress_lines(
+    items: Iterable[tuple[str, bytes, tuple[str, ...]]], total: int
+) -> Iterator[tuple[str, bytes, tuple[str, ...]]]:
+    """One line per quarter of the work, and the last one (stderr, off a terminal)."""
+    marks = {max(1, total * q // 4) for q in (1, 2, 3, 4)}
+    start = time.monotonic()
+    for done, item in enumerate(items, start=1):
+        yield item
+        if done in marks:
+            elapsed = time.monotonic() - start
+            print(
+                f"generating images: {done}/{total} ({100 * done // max(1, total)}%, "
+                f"{elapsed:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _generate(spec: DatasetSpec) -> Iterator[tuple[str, bytes, tuple[str, ...]]]:

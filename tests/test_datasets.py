@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,9 +116,19 @@ def test_manifest_is_json_with_params(folder: Path) -> None:
     assert manifest["params"]["heavy_scale"] == [3.0, 4.0]
 
 
-def test_progress_bar_runs(tmp_path: Path) -> None:
-    make_image_folder(tmp_path / "q", num_images=3, min_side=32, max_side=40, progress=True)
-    assert len(files(tmp_path / "q")) == 3
+def test_progress_off_a_terminal_is_a_line_per_quarter_and_says_what_it_replaces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_image_folder(tmp_path / "q", num_images=8, min_side=32, max_side=40, progress=True)
+    assert len(files(tmp_path / "q")) == 8
+    lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal
+    assert [line.split(" (")[0] for line in lines] == [
+        f"generating images: {n}/8" for n in (2, 4, 6, 8)
+    ]
+    make_image_folder(tmp_path / "q", num_images=4, min_side=32, max_side=40, progress=True)
+    err = capsys.readouterr().err
+    assert "replacing an earlier generated dataset (8 images" in err
+    assert len(files(tmp_path / "q")) == 4
 
 
 @pytest.mark.parametrize(
@@ -143,3 +154,12 @@ def test_a_folder_with_foreign_files_is_refused_untouched(tmp_path: Path) -> Non
     assert (root / "manifest.json").exists()
     again = make_image_folder(root, num_images=4, num_classes=2, min_side=32, max_side=48)
     assert again == root and len(list(root.rglob("img_*"))) == 4
+
+
+def test_progress_on_a_terminal_is_a_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    make_image_folder(tmp_path / "t", num_images=3, min_side=32, max_side=40, progress=True)
+    err = capsys.readouterr().err
+    assert "generating images" in err and "3/3" in err and "\r" in err

@@ -22,14 +22,19 @@ from ._stats import LoaderStats
 
 
 def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
-    """``"img/s=1234 stall=3.2% gpu=87% bottleneck=decode"`` (``gpu=no GPU`` without NVML)."""
+    """``"img/s=1234 stall=3.2% gpu=87% bottleneck=decode"`` (``gpu=no GPU`` without NVML).
+
+    Before the meters have a rate (the first batch), ``img/s=- stall=-`` and no bottleneck:
+    zeros and a verdict from one batch would read as measurements.
+    """
     gpu = "no GPU" if stats.gpu_util_percent is None else f"{stats.gpu_util_percent:.0f}%"
+    measured = stats.samples_per_s_recent > 0
     parts = [
-        f"{unit}/s={stats.samples_per_s_recent:.0f}",
-        f"stall={stats.stall_fraction_recent:.1%}",
+        f"{unit}/s={stats.samples_per_s_recent:.0f}" if measured else f"{unit}/s=-",
+        f"stall={stats.stall_fraction_recent:.1%}" if measured else "stall=-",
         f"gpu={gpu}",
     ]
-    if stats.bottleneck:
+    if stats.bottleneck and measured:
         parts.append(f"bottleneck={stats.bottleneck}")
     if stats.failures:
         parts.append(f"failed={stats.failures}")

@@ -115,7 +115,10 @@ class FileIndex:
         return len(self._names)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({len(self)} samples, {len(self.classes)} classes)"
+        if self.classes or len(self) == 0:
+            return f"{type(self).__name__}({len(self)} samples, {len(self.classes)} classes)"
+        low, high = int(self._labels.min()), int(self._labels.max())  # labels, no class names
+        return f"{type(self).__name__}({len(self)} samples, labels {low}..{high}, unnamed)"
 
     def key(self, i: int) -> str:
         return self._prefix + self._names[check_index(i, len(self))]

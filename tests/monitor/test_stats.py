@@ -179,3 +179,6 @@ def test_summary_says_no_gpu() -> None:
 def test_progress_postfix() -> None:
     text = progress_postfix(make_stats())
     assert text == "img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4"
+    # The first batch: no rate yet, so no figures that look measured and no verdict.
+    first = progress_postfix(make_stats(samples_per_s_recent=0.0, failures=0))
+    assert first == "img/s=- stall=- gpu=80%"

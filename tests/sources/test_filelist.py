@@ -164,3 +164,11 @@ def test_root_needs_relative_paths(tmp_path: Path) -> None:
     assert index.fingerprint() == FileList([("a.jpg", 0)], root="/elsewhere").fingerprint()
     with pytest.raises(ValueError, match="not relative to `root`"):
         FileList([(str(tmp_path / "a.jpg"), 0)], root=tmp_path)
+
+
+def test_repr_gives_the_label_range_when_classes_are_unnamed() -> None:
+    assert repr(FileList([("/a.jpg", 0), ("/b.jpg", 2)])) == (
+        "FileList(2 samples, labels 0..2, unnamed)"
+    )
+    named = FileList([("/a.jpg", 0), ("/b.jpg", 1)], classes=["cat", "dog"])
+    assert repr(named) == "FileList(2 samples, 2 classes)"
