@@ -78,6 +78,8 @@ def run_demo(
         "",
         format_summary(stats),
     ]
+    if (reading := _reading(stats.samples_per_s, stats.stall_fraction, batch_size, step_s)) != "":
+        lines += ["", reading]
     if failed:
         lines += ["", f"failed samples ({len(failed)}):"]
         lines += [f"  {f.key}  [{f.stage}, epoch {f.epoch}] {f.error}" for f in failed[:20]]
@@ -94,6 +96,26 @@ def run_demo(
     }
     document = {"settings": settings, "stats": stats.as_dict(), "failed": [f.key for f in failed]}
     return DemoReport(text="\n".join(lines), json=json.dumps(document, indent=2) + "\n")
+
+
+def _reading(rate: float, stall: float, batch_size: int, step_s: float) -> str:
+    """One sentence on what the stall means for this run: who is the limit, and the step
+    that the loader would keep up with (empty when there is nothing to say)."""
+    if step_s <= 0 or rate <= 0:
+        return ""
+    wanted = batch_size / step_s
+    if stall < 0.05:
+        return (
+            f"reading      : the loader kept up with the simulated step (which alone would "
+            f"consume {wanted:,.0f} samples/s): the training loop set the pace."
+        )
+    keeps_up = 1000 * batch_size / rate
+    return (
+        f"reading      : the simulated step consumes {wanted:,.0f} samples/s ({batch_size} per "
+        f"{step_s * 1000:.0f} ms); on this machine the loader delivered {rate:,.0f}/s, so the "
+        f"training loop waited. A step of about {keeps_up:.0f} ms or more (--step-ms) would "
+        "not wait; more CPU cores (or a GPU) would raise the rate."
+    )
 
 
 def _train_step(images: torch.Tensor, step_s: float) -> None:
