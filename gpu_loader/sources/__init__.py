@@ -12,7 +12,13 @@ from gpu_loader.sources._base import SampleIndex
 from gpu_loader.sources._distributed import resolve_distributed
 from gpu_loader.sources._filelist import FileList
 from gpu_loader.sources._folder import IMG_EXTENSIONS, ImageFolder
-from gpu_loader.sources._io import BufferTooSmallError, is_url
+from gpu_loader.sources._io import (
+    MAX_FILE_BYTES,
+    BufferTooSmallError,
+    is_url,
+    max_file_bytes,
+    set_max_file_bytes,
+)
 from gpu_loader.sources._open import open_index
 from gpu_loader.sources._rng import SampleStream, sample_rng, sample_stream
 from gpu_loader.sources._sampler import Sampler
@@ -20,6 +26,7 @@ from gpu_loader.sources._tar import TarShards, expand_urls
 
 __all__ = [
     "IMG_EXTENSIONS",
+    "MAX_FILE_BYTES",
     "BufferTooSmallError",
     "FileList",
     "ImageFolder",
@@ -29,8 +36,10 @@ __all__ = [
     "TarShards",
     "expand_urls",
     "is_url",
+    "max_file_bytes",
     "open_index",
     "resolve_distributed",
     "sample_rng",
     "sample_stream",
+    "set_max_file_bytes",
 ]

@@ -76,7 +76,9 @@ def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
     h = hashlib.sha256()
     count = 0
     for name, label in zip(names, labels.tolist(), strict=True):
-        h.update(f"{name}\0{label}\n".encode())
+        # surrogateescape: a file name that is not UTF-8 (legal on Linux) arrives from
+        # os.listdir / tarfile with its bytes escaped; they hash as those bytes.
+        h.update(f"{name}\0{label}\n".encode("utf-8", "surrogateescape"))
         count += 1
     h.update(f"count={count}".encode())
     return h.hexdigest()[:32]

@@ -73,9 +73,17 @@ class FileList(FileIndex):
         """
         location = os.fspath(path)
         try:
-            text = _io.read_file(location, location).decode("utf-8-sig")
+            data = _io.read_file(location, location)
         except FileNotFoundError:
             raise FileNotFoundError(f"CSV file {location!r} not found") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ValueError(
+                f"CSV {location!r} line {line}: not UTF-8 text (byte {data[exc.start]:#04x} "
+                f"at offset {exc.start}); save the list as UTF-8"
+            ) from None
         rows = csv.reader(io.StringIO(text))
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:

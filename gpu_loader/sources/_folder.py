@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 from collections.abc import Sequence
@@ -10,6 +11,8 @@ import numpy as np
 
 from gpu_loader.sources import _io
 from gpu_loader.sources._base import FileIndex
+
+_log = logging.getLogger("gpu_loader.sources")
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively like torchvision.
 IMG_EXTENSIONS: tuple[str, ...] = (
@@ -105,7 +108,7 @@ def _scan_local(
     skip = len(os.path.join(root, ""))  # walk paths start with root: slicing beats relpath
     for label, name in enumerate(classes):
         before = len(files)
-        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+        for dirpath, fnames in sorted(_walk(os.path.join(root, name))):
             rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
                 if fname.lower().endswith(exts):
@@ -116,6 +119,37 @@ def _scan_local(
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
     return classes, files
+
+
+def _walk(top: str) -> list[tuple[str, list[str]]]:
+    """``(folder, file names)`` as ``os.walk(top, followlinks=True)`` finds them, except
+    that a symlinked folder leading back to one of its own ancestors is not entered (a
+    loop): os.walk would list the ancestor's files again under ever longer paths until
+    the OS refused the path, each a sample. Said once per loop on the log."""
+    found: list[tuple[str, list[str]]] = []
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, frozenset())]
+    while stack:
+        path, ancestors = stack.pop()
+        try:
+            info = os.stat(path)
+            entries = list(os.scandir(path))
+        except OSError:
+            continue  # as os.walk: an unreadable folder is skipped
+        ident = (info.st_dev, info.st_ino)
+        if ident in ancestors:
+            _log.warning("ImageFolder: %s leads back to a folder above it; not entered", path)
+            continue
+        files: list[os.DirEntry[str]] = []
+        folders: list[os.DirEntry[str]] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
+            except OSError:
+                is_dir = False
+            (folders if is_dir else files).append(entry)
+        found.append((path, [e.name for e in files]))
+        stack.extend((e.path, ancestors | {ident}) for e in folders)
+    return found
 
 
 def _scan_fsspec(

@@ -9,8 +9,10 @@ returns ``bytes``; ``readinto`` then copies once into the caller's buffer.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
+import stat
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +39,71 @@ class BufferTooSmallError(ValueError):
         self.key = key
         self.nbytes = nbytes
         self.capacity = capacity
+
+
+MAX_FILE_BYTES = 1 << 30
+"""The default limit on one sample's bytes (1 GiB). Far above any image within the default
+pixel limit (an uncompressed 16-bit RGBA TIFF of 89.5 Mpx is 716 MB); it stops a hostile
+or mistaken file (a 2 GB sparse "image", a database dump) from being read whole into
+memory by every thread that meets it."""
+
+_max_file_bytes: int | None = MAX_FILE_BYTES
+
+
+def set_max_file_bytes(limit: int | None) -> None:
+    """Set the per-sample byte limit for every index in this process (None: no limit).
+
+    Like Pillow's ``Image.MAX_IMAGE_PIXELS``, a process-wide safety limit: raise it for
+    datasets of very large files (and raise ``LoaderOptions.max_pixels`` with it).
+    """
+    global _max_file_bytes
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"the file size limit must be an int >= 1 or None, got {limit!r}")
+    _max_file_bytes = limit
+
+
+def max_file_bytes() -> int | None:
+    """The per-sample byte limit in force (`set_max_file_bytes`)."""
+    return _max_file_bytes
+
+
+def check_size(key: str, size: int) -> None:
+    """Refuse a sample over the byte limit before any of it is read."""
+    limit = _max_file_bytes
+    if limit is not None and size > limit:
+        raise ValueError(
+            f"sample {key!r} is {size:,} bytes, over the {limit:,}-byte limit for one "
+            "sample; gpu_loader.sources.set_max_file_bytes(n) raises it"
+        )
+
+
+def open_regular(key: str, path: str, what: str = "sample") -> io.FileIO:
+    """Open a local file for unbuffered reading, refusing anything but a regular file.
+
+    A FIFO would block ``open`` until a writer came (an epoch that never ends), and a
+    character device such as /dev/zero never ends at all: both are refused here with the
+    sample's key. Opened non-blocking, so a FIFO fails at once; that flag changes nothing
+    for a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise OSError(errno.EINVAL, f"{what} {key!r} is a {kind}, not a regular file", path)
+        return io.FileIO(fd, "rb", closefd=True)  # owns fd from here
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_KINDS = {
+    stat.S_IFDIR: "folder",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFIFO: "FIFO (named pipe)",
+    stat.S_IFSOCK: "socket",
+}
 
 
 def is_url(location: str) -> bool:
@@ -104,7 +171,8 @@ def read_file(key: str, location: str) -> bytes:
     try:
         path = local_path(location)
         if path is not None:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(key, path) as f:
+                check_size(key, os.fstat(f.fileno()).st_size)
                 return f.readall()
         fs, inner = fsspec_fs(location)
         return fs.cat_file(inner)  # type: ignore[no-any-return]
@@ -122,8 +190,9 @@ def readinto_file(key: str, location: str, buf: Buffer) -> int:
         path = local_path(location)
         if path is None:
             return _copy_into(key, read_file(key, location), view)
-        with open(path, "rb", buffering=0) as f:
+        with open_regular(key, path) as f:
             size = os.fstat(f.fileno()).st_size
+            check_size(key, size)
             if size > view.nbytes:
                 raise BufferTooSmallError(key, size, view.nbytes)
             return _readinto_exact(key, f, view[:size])
@@ -139,13 +208,14 @@ def readinto_file(key: str, location: str, buf: Buffer) -> int:
 
 def read_range(key: str, location: str, offset: int, size: int) -> bytes:
     """``size`` bytes at ``offset`` of a file: random access into a tar shard."""
+    check_size(key, size)
     try:
         path = local_path(location)
         if path is None:
             fs, inner = fsspec_fs(location)
             data: bytes = fs.cat_file(inner, start=offset, end=offset + size)
         else:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(key, path) as f:
                 data = os.pread(f.fileno(), size, offset)
     except FileNotFoundError:
         raise not_found(key, location) from None
@@ -163,13 +233,14 @@ def read_range(key: str, location: str, offset: int, size: int) -> bytes:
 def readinto_range(key: str, location: str, offset: int, size: int, buf: Buffer) -> int:
     """Like :func:`read_range` but into ``buf``; returns ``size``."""
     view = byte_view(buf, key)
+    check_size(key, size)
     if size > view.nbytes:
         raise BufferTooSmallError(key, size, view.nbytes)
     path = local_path(location)
     if path is None:
         return _copy_into(key, read_range(key, location, offset, size), view)
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open_regular(key, path) as f:
             f.seek(offset)
             return _readinto_exact(key, f, view[:size])
     except FileNotFoundError:

@@ -8,6 +8,7 @@ be shuffled globally instead of only streamed.
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import posixpath
@@ -20,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_loader.sources import _io
-from gpu_loader.sources._base import check_index, fingerprint_of
+from gpu_loader.sources._base import check_index, check_label, fingerprint_of
 
 if TYPE_CHECKING:
     from gpu_loader.sources._io import Buffer
@@ -182,7 +183,7 @@ def _range(body: str, whole: str) -> list[str] | None:
 def check_member_name(name: str, shard: str) -> None:
     """Refuse names that would escape an extraction folder (absolute, drive, or ``..``)."""
     normal = name.replace("\\", "/")
-    if normal.startswith("/") or re.match(r"^[A-Za-z]:", normal) or ".." in normal.split("/"):
+    if normal.startswith("/") or re.match(r"^[A-Za-z]:/", normal) or ".." in normal.split("/"):
         raise ValueError(
             f"tar shard {shard!r} has a member named {name!r} that escapes the archive "
             "(absolute path or '..'); refusing the shard. Rebuild it with relative member names"
@@ -228,8 +229,8 @@ def _looks_compressed(shard: str) -> bool:
 def _open_shard(shard: str) -> IO[bytes]:
     path = _io.local_path(shard)
     try:
-        if path is not None:
-            return open(path, "rb")
+        if path is not None:  # a FIFO or a device as a shard would hang or never end
+            return io.BufferedReader(_io.open_regular(shard, path, what="tar shard"))
         fs, inner = _io.fsspec_fs(shard)
         return fs.open(inner, "rb")  # type: ignore[no-any-return]
     except FileNotFoundError:
@@ -273,6 +274,11 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                 )
             images[key] = (member.name, member.offset_data, member.size)
         elif ext == LABEL_EXTENSION:
+            if key in labels:
+                raise ValueError(
+                    f"tar shard {shard!r} has two labels for the key {key!r} (a second "
+                    f"{member.name!r}); keep one label per key"
+                )
             labels[key] = _read_label(tar, member, shard)
     return [(m, off, size, labels.get(key, -1)) for key, (m, off, size) in images.items()]
 
@@ -280,13 +286,22 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
 def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, shard: str) -> int:
     # A direct read: extractfile builds a file object per label and doubles the scan
     # time. tarfile re-seeks to the next header itself, so moving the position is safe.
+    if member.size > _MAX_LABEL_BYTES:  # read at index time, whole: not a label
+        raise ValueError(
+            f"tar shard {shard!r} member {member.name!r} should hold an integer label, but "
+            f"it is {member.size:,} bytes"
+        )
     f: Any = tar.fileobj
     f.seek(member.offset_data)
     text = f.read(member.size).decode("utf-8", "replace").strip()
     try:
-        return int(text)
+        label = int(text)
     except ValueError:
         raise ValueError(
             f"tar shard {shard!r} member {member.name!r} should hold an integer label, "
             f"got {text[:40]!r}"
         ) from None
+    return check_label(label, f"tar shard {shard!r} member {member.name!r}")
+
+
+_MAX_LABEL_BYTES = 64  # an int64 in decimal with spaces and a newline fits many times

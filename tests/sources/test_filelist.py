@@ -172,3 +172,10 @@ def test_repr_gives_the_label_range_when_classes_are_unnamed() -> None:
     )
     named = FileList([("/a.jpg", 0), ("/b.jpg", 1)], classes=["cat", "dog"])
     assert repr(named) == "FileList(2 samples, 2 classes)"
+
+
+def test_a_csv_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_bytes(b"path,label\na.jpg,0\ncaf\xe9.jpg,1\n")  # Latin-1 on line 3
+    with pytest.raises(ValueError, match=r"list\.csv' line 3: not UTF-8 text \(byte 0xe9"):
+        FileList.from_csv(csv_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import fsspec
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from gpu_loader.sources import BufferTooSmallError, ImageFolder, SampleIndex
+from gpu_loader.sources._io import set_max_file_bytes
 from tests.sources.conftest import TREE_EXPECTED, copy_to_memory
 
 
@@ -155,3 +157,53 @@ def test_file_url_uses_the_local_fast_path(tree: Path) -> None:
     assert index.read(0) == (tree / "Cat" / "x.webp").read_bytes()
     assert index.nbytes(0) == (tree / "Cat" / "x.webp").stat().st_size
     assert index.fingerprint() == ImageFolder(tree).fingerprint()
+
+
+def test_special_files_are_refused_with_their_key_at_once(tree: Path) -> None:
+    os.mkfifo(tree / "dog" / "pipe.jpg")  # opening it to read would wait for a writer forever
+    (tree / "dog" / "zero.jpg").symlink_to("/dev/zero")  # never ends: would fill memory
+    index = ImageFolder(tree)
+    keys = [index.key(i) for i in range(len(index))]
+    for name, kind in (("pipe.jpg", "FIFO (named pipe)"), ("zero.jpg", "character device")):
+        i = next(i for i, k in enumerate(keys) if k.endswith(name))
+        with pytest.raises(OSError, match=rf"sample {keys[i]!r} is a {re.escape(kind)}"):
+            index.read(i)
+        with pytest.raises(OSError, match=re.escape(kind)):
+            index.readinto(i, bytearray(64))
+
+
+def test_a_file_over_the_byte_limit_is_refused_before_reading(tree: Path) -> None:
+    big = tree / "dog" / "huge.jpg"
+    with big.open("wb") as f:  # sparse: 3 GB claimed, nothing written
+        f.truncate(3 << 30)
+    index = ImageFolder(tree)
+    i = next(i for i in range(len(index)) if index.key(i).endswith("huge.jpg"))
+    with pytest.raises(ValueError, match=r"is 3,221,225,472 bytes, over the 1,073,741,824"):
+        index.read(i)
+    with pytest.raises(ValueError, match="set_max_file_bytes"):
+        index.readinto(i, bytearray(16))
+    with pytest.raises(ValueError, match="an int >= 1 or None"):
+        set_max_file_bytes(0)
+
+
+def test_a_symlinked_folder_looping_back_is_not_entered(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = [ImageFolder(tree).key(i) for i in range(len(ImageFolder(tree)))]
+    (tree / "dog" / "sub" / "back").symlink_to(tree / "dog")  # dog/sub/back -> dog
+    (tree / "bird" / "elsewhere").symlink_to(tree / "Cat")  # not a loop: followed
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        index = ImageFolder(tree)
+    keys = [index.key(i) for i in range(len(index))]
+    assert sorted(keys) == sorted([*before, str(tree / "bird" / "elsewhere" / "x.webp")])
+    assert "leads back to a folder above it" in caplog.text and "back" in caplog.text
+
+
+def test_a_file_name_that_is_not_utf8_loads(tree: Path) -> None:
+    raw = os.path.join(os.fsencode(tree / "dog"), b"caf\xe9.jpg")  # Latin-1, not UTF-8
+    with open(raw, "wb") as f:
+        f.write((tree / "dog" / "b.jpg").read_bytes())
+    index = ImageFolder(tree)
+    assert len(index.fingerprint()) == 32
+    i = next(i for i in range(len(index)) if "caf" in index.key(i))
+    assert index.read(i) == (tree / "dog" / "b.jpg").read_bytes()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpu_loader.sources import BufferTooSmallError, SampleIndex, TarShards, expand_urls
+from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
 from tests.sources._data import add_member, image_bytes, shard_bytes
 
 
@@ -160,6 +162,41 @@ def test_links_duplicates_and_bad_labels_are_refused(tmp_path: Path) -> None:
         TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.png", b"2")))])
     with pytest.raises(ValueError, match="integer label, got 'cat'"):
         TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.cls", b"cat")))])
+    with pytest.raises(ValueError, match="two labels for the key 'k'"):
+        TarShards([shard(lambda t: [add_member(t, n, d) for n, d in LABELS_TWICE])])
+    with pytest.raises(ValueError, match=r"member 'k\.cls'.* does not fit in int64"):
+        TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.cls", HUGE)))])
+    with pytest.raises(ValueError, match=r"'k\.cls' should hold an integer label, but it is 4,096"):
+        TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.cls", FILL)))])
+    # A colon is an ordinary character in a POSIX name (only "C:/..." is a drive path).
+    colon = TarShards(
+        [shard(lambda t: (add_member(t, "a:b.jpg", b"1"), add_member(t, "a:b.cls", b"3")))]
+    )
+    assert colon.key(0).endswith("a:b.jpg") and colon.label(0) == 3
+
+
+LABELS_TWICE = [("k.jpg", b"1"), ("k.cls", b"0"), ("k.cls", b"7")]
+HUGE = b"99999999999999999999999"
+FILL = b"1" + b" " * 4095
+
+
+def test_a_fifo_given_as_a_shard_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "s.tar"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
+    with pytest.raises(OSError, match=r"tar shard .*s\.tar' is a FIFO \(named pipe\)"):
+        TarShards([str(fifo)])
+
+
+def test_a_member_over_the_byte_limit_is_refused_before_reading(shards: list[Path]) -> None:
+    index = TarShards([str(p) for p in shards])
+    limit = max_file_bytes()
+    set_max_file_bytes(index.nbytes(0) - 1)
+    try:
+        with pytest.raises(ValueError, match=rf"sample {index.key(0)!r} is .* over the"):
+            index.read(0)
+    finally:
+        set_max_file_bytes(limit)
+    assert index.read(0)  # back under the limit
 
 
 def test_compressed_and_missing_shards_are_clear_errors(shards: list[Path], tmp_path: Path) -> None:
