@@ -16,7 +16,7 @@ from typing import Any
 
 from ._channel import EOS, POLL_S, Channel, Stopped
 from ._defs import SKIP, PipeSpec
-from ._errors import FailurePolicy, FailureRecord, add_note, item_key
+from ._errors import FailurePolicy, FailureRecord, add_note, item_key, release_locals
 from ._runtime import as_failure
 from ._slow_lane import LaneState, WorkerSlot
 from ._stage import Stage
@@ -188,6 +188,7 @@ class PipeStage(Stage):
         assert rt is not None
         key = item_key(item, self.spec.key_fn)
         add_note(exc, f"stage: {self.name}, sample: {key}")
+        release_locals(exc)  # the record outlives the item: do not keep its bytes
         record = FailureRecord(stage=self.name, key=key, error=exc)
         # +1: this task is counted only after it returns.
         error = self.policy.record(record, calls=self.tasks_done() + 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import sys
 import traceback
+import weakref
 from typing import Any
 
 import pytest
@@ -172,3 +173,27 @@ def test_failure_record_is_frozen() -> None:
     record = FailureRecord(stage="s", key="k", error=ValueError("v"))
     with pytest.raises(AttributeError):
         record.stage = "t"  # type: ignore[misc]
+
+
+class Blob(bytearray):
+    """A failed item's payload; a weak reference tells whether anything still holds it."""
+
+
+def test_a_recorded_failure_does_not_keep_the_item_alive() -> None:
+    refs: list[weakref.ref[Blob]] = []
+
+    def decode(i: int) -> int:
+        data = Blob(1 << 20)  # the bytes a real decode would hold in its frame
+        refs.append(weakref.ref(data))
+        try:
+            raise ValueError(f"corrupt {len(data)}")
+        except ValueError as exc:  # chained: the context's traceback counts too
+            raise RuntimeError(f"cannot decode item {i}") from exc
+
+    p = PipelineBuilder().add_source(range(5)).pipe(decode, max_failures=None).add_sink(2).build()
+    with p:
+        assert list(p) == []
+        records = p.failures()
+        assert len(records) == 5 and all(r() is None for r in refs)  # freed, not collected
+    text = "".join(traceback.format_exception(records[0].error))
+    assert "in decode" in text and "raise ValueError" in text  # still a full traceback
