@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # static names for type checkers; at run time they load on first use
     from gpu_loader import batching, cuda, datasets, monitor, ops, pipeline, sources
-    from gpu_loader.loader import FailedSample, ImageLoader, LoaderOptions
+    from gpu_loader._failed import FailedSample
+    from gpu_loader.loader import ImageLoader, LoaderOptions
     from gpu_loader.pipeline import PipelineFailure
 
 __version__ = "0.1.0"
 
 # Names resolved lazily on first use so `import gpu_loader` stays cheap and torch-free.
 _LAZY = {
-    "FailedSample": "gpu_loader.loader",
+    "FailedSample": "gpu_loader._failed",
     "ImageLoader": "gpu_loader.loader",
     "LoaderOptions": "gpu_loader.loader",
     "PipelineFailure": "gpu_loader.pipeline",

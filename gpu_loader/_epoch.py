@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import StragglerRows, as_numpy
 from gpu_loader.batching import (
     AdaptiveThreshold,
@@ -44,7 +45,7 @@ from gpu_loader.sources import sample_stream
 if TYPE_CHECKING:
     import torch
 
-    from gpu_loader.loader import FailedSample, ImageLoader
+    from gpu_loader.loader import ImageLoader
 
 IDLE_TICK_S = 0.05
 """How often the batcher thread checks for failures while no sample completes."""
@@ -696,6 +697,4 @@ Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
 
 
 def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
-    from gpu_loader.loader import FailedSample
-
     return FailedSample(key=record.key, stage=record.stage, error=str(record), epoch=epoch)

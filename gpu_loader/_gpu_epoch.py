@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
+from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from gpu_loader.cuda import GpuPorts, WorkerState
-    from gpu_loader.loader import FailedSample, ImageLoader
+    from gpu_loader.loader import ImageLoader
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,6 @@ class GpuEpoch(EpochBase):
             raise
 
     def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
-        from gpu_loader.loader import FailedSample
-
         with self.gpu_failures_lock:
             for _, key, exc in failed:
                 error = f"{type(exc).__name__}: {exc}"

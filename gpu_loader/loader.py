@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, make_batcher
+from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -137,21 +138,6 @@ class LoaderOptions:
             raise ValueError(
                 f"`arena_bytes` must be an int >= 1 MiB (2**20), got {self.arena_bytes!r}"
             )
-
-
-@dataclass(frozen=True)
-class FailedSample:
-    """A sample that was not delivered, and why."""
-
-    key: str
-    """The sample's key (its path or URL)."""
-    stage: str
-    """The pipeline stage that failed: ``read`` or ``decode`` on the CPU path, ``fetch``
-    (read, header, non-JPEG decode) or ``gpu_decode`` on the GPU path."""
-    error: str
-    """``ExceptionType: message``."""
-    epoch: int
-    """The epoch it failed in."""
 
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16", "uint8")
@@ -379,6 +365,11 @@ class ImageLoader:
                 "loader state has no 'sampler' entry; pass what ImageLoader.state_dict() returned"
             )
         self.sampler.check_state(state["sampler"])
+        if state["sampler"]["epoch"] >= EPOCH_LIMIT:  # as set_epoch refuses it
+            raise ValueError(
+                f"loader state's epoch {state['sampler']['epoch']} is not below {EPOCH_LIMIT} "
+                "(per-sample random streams key on it); it was not written by this loader"
+            )
         if state.get("batcher") is not None:
             self._check_batcher_state(state["batcher"])
         self._stop_epoch("load_state_dict() was called")

@@ -17,9 +17,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +224,28 @@ def test_leaving_with_the_window_full_stops_at_once(
     assert not [t.name for t in pipeline if t.is_alive()]
     assert sum(len(y) for _, y in loader) == len(unique_list)  # and the loader goes on
     loader.close()
+
+
+def test_exiting_with_an_unfinished_epoch_that_had_failures_is_quiet(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # The epoch's generator is finalised at interpreter exit; recording its failures then
+    # once imported gpu_loader.loader, which the exiting interpreter refused (a traceback).
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not an image" * 50)
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:20]]
+    script = f"""
+import gpu_loader as gl
+items = [({str(bad)!r}, 0)] + [(f, 1) for f in {files!r}]
+loader = gl.ImageLoader(gl.sources.FileList(items), batch_size=4, shuffle=False,
+                        transform=gl.ops.EvalTransform(size=32, resize=36), max_failures=None)
+it = iter(loader)
+next(it); next(it)
+print("leaving mid-epoch")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "leaving mid-epoch" in result.stdout
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr

@@ -276,6 +276,18 @@ def test_set_epoch_refuses_what_the_random_streams_cannot_key(
     assert loader.epoch == 3
 
 
+@pytest.mark.parametrize("epoch", [2**24, 10**30])
+def test_a_state_with_an_epoch_set_epoch_refuses_is_refused_too(
+    unique_list: FileList, epoch: int
+) -> None:
+    state = make(unique_list).state_dict()
+    state["sampler"]["epoch"] = epoch
+    loader = make(unique_list)
+    with pytest.raises(ValueError, match=f"epoch {epoch} is not below {2**24}"):
+        loader.load_state_dict(state)
+    assert sum(len(labels) for _, labels in loader) == len(unique_list)  # nothing changed
+
+
 def test_state_right_after_a_restore_is_the_restored_one(unique_list: FileList) -> None:
     # An older epoch's iterator may still be alive (stopped by the restore); a checkpoint
     # taken before iterating again must still be the restored progress.

@@ -1,0 +1,25 @@
+"""`FailedSample`: what the loader reports for a sample it did not deliver.
+
+Its own module so the epoch code can import it at the top: a lazy import from
+`gpu_loader.loader` failed when an unfinished epoch was finalised at interpreter exit
+(the import system is gone by then), printing a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FailedSample:
+    """A sample that was not delivered, and why."""
+
+    key: str
+    """The sample's key (its path or URL)."""
+    stage: str
+    """The pipeline stage that failed: ``read`` or ``decode`` on the CPU path, ``fetch``
+    (read, header, non-JPEG decode) or ``gpu_decode`` on the GPU path."""
+    error: str
+    """``ExceptionType: message``."""
+    epoch: int
+    """The epoch it failed in."""
