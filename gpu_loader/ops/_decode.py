@@ -220,6 +220,10 @@ def _decode_jpeg(
             buf, colorspace="RGBX", min_height=want_h, min_width=want_w, strict=True
         )
     except ValueError as exc:
+        if "subsampling level" in str(exc):
+            # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
+            # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
+            return _decode_pillow(buf, key)
         raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
     if rgbx.shape[:2] != (want_h, want_w):
         # libjpeg chose another n/8 scale (tiny images): the box mapping would be wrong.

@@ -33,7 +33,7 @@ def sniff(data: bytes | memoryview) -> Format | None:
 
 
 def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None:
-    """(height, width) stored in a PNG/GIF/BMP/WebP header, or None if it cannot be read."""
+    """(height, width) stored in a PNG/GIF/BMP/WebP/TIFF header, or None if it cannot be read."""
     try:
         if fmt == "png" and bytes(data[12:16]) == b"IHDR":
             w, h = struct.unpack(">II", bytes(data[16:24]))
@@ -46,8 +46,32 @@ def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None
             return abs(h), abs(w)  # negative height means top-down rows
         if fmt == "webp":
             return _webp_size(bytes(data[12:30]))
+        if fmt == "tiff":
+            return _tiff_size(data)
     except struct.error:
         return None
+    return None
+
+
+def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(ImageLength, ImageWidth) of a classic TIFF's first image; None for BigTIFF or
+    anything unreadable. Read here so the pixel limit speaks before Pillow's own check
+    (whose message names a limit `max_pixels` does not move)."""
+    order = "<" if bytes(data[:2]) == b"II" else ">"
+    (version, ifd) = struct.unpack(order + "HI", bytes(data[2:8]))
+    if version != 42:
+        return None
+    (count,) = struct.unpack(order + "H", bytes(data[ifd : ifd + 2]))
+    found: dict[int, int] = {}
+    for i in range(min(count, 4096)):
+        entry = bytes(data[ifd + 2 + 12 * i : ifd + 14 + 12 * i])
+        tag, typ = struct.unpack(order + "HH", entry[:4])
+        if tag in (256, 257) and typ in (3, 4):  # ImageWidth, ImageLength: SHORT or LONG
+            found[tag] = struct.unpack(
+                order + ("H" if typ == 3 else "I"), entry[8 : 10 if typ == 3 else 12]
+            )[0]
+    if 256 in found and 257 in found:
+        return found[257], found[256]
     return None
 
 

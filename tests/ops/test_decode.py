@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import struct
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
 from gpu_loader.datasets import photo_like
-from gpu_loader.ops import DecodedImage, DecodeError, decode, probe_size
+from gpu_loader.ops import DecodedImage, DecodeError, EvalTransform, decode, load_into, probe_size
 from tests.ops.conftest import Photo, jpeg, png
 
 
@@ -204,3 +205,49 @@ def test_accepts_buffers_other_than_bytes(image: np.ndarray) -> None:
     ref = decode(data).array
     for buf in (bytearray(data), memoryview(data), np.frombuffer(data, np.uint8)):
         assert np.array_equal(decode(buf).array, ref)
+
+
+def test_a_sampling_layout_turbojpeg_cannot_name_still_decodes(cpu_backend: str) -> None:
+    # cjpeg -quality 95 -sample 2x2,1x1,2x2 of a 32 x 24 four-colour quad (805 bytes):
+    # TurboJPEG's API refuses it ("Could not determine subsampling level"); libjpeg decodes it.
+    data = (Path(__file__).parent / "data" / "sampling_2x2_1x1_2x2.jpg").read_bytes()
+    image = decode(data, key="odd.jpg").array
+    assert image.shape == (24, 32, 3)
+    expected = [(220, 30, 30), (30, 200, 30), (30, 30, 220), (240, 240, 240)]
+    corners = [image[3, 3], image[3, 28], image[20, 3], image[20, 28]]
+    for got, want in zip(corners, expected, strict=True):
+        assert np.abs(got.astype(int) - want).max() <= 12, (got, want)
+    out = np.empty((3, 16, 16), np.float32)
+    load_into(data, EvalTransform(16, resize=16), np.random.default_rng(0), out, dtype="float32")
+    assert np.isfinite(out).all()
+
+
+def tiff(image: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, "TIFF")
+    return out.getvalue()
+
+
+def test_a_tiff_bomb_meets_max_pixels_not_pillows_own_limit(image: np.ndarray) -> None:
+    data = bytearray(tiff(image))
+    ifd = struct.unpack("<I", data[4:8])[0]
+    for i in range(struct.unpack("<H", data[ifd : ifd + 2])[0]):
+        at = ifd + 2 + 12 * i
+        tag, typ = struct.unpack("<HH", data[at : at + 4])
+        if tag in (256, 257):  # ImageWidth, ImageLength -> 60000 (3.6 Gpx)
+            data[at + 8 : at + 12] = struct.pack(
+                "<HH" if typ == 3 else "<I", *((60000, 0) if typ == 3 else (60000,))
+            )
+    with pytest.raises(DecodeError, match="max_pixels") as info:
+        decode(bytes(data), key="bomb.tiff")
+    assert "pass max_pixels >=" in str(info.value) and "decompression bomb" not in str(info.value)
+    assert decode(tiff(image)).array.shape == image.shape  # an ordinary TIFF is untouched
+
+
+def test_tiff_header_size_in_both_byte_orders() -> None:
+    from gpu_loader.ops._formats import header_size
+
+    big = b"MM\x00*" + struct.pack(">IH", 8, 2)
+    big += struct.pack(">HHII", 256, 4, 1, 70000) + struct.pack(">HHIHH", 257, 3, 1, 3, 0)
+    assert header_size(big + b"\x00" * 4, "tiff") == (3, 70000)
+    assert header_size(b"II+\x00" + b"\x00" * 12, "tiff") is None  # BigTIFF: not read here
