@@ -22,7 +22,7 @@ from gpu_loader.ops._formats import (
     jpeg_header,
     jpeg_orientation,
     orientation_swaps_axes,
-    png_truncation,
+    png_damage,
     sniff,
 )
 from gpu_loader.ops._transforms import CropParams
@@ -284,9 +284,9 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     _check_pixels(key, size[0], size[1], max_pixels)
     if fmt == "png":
-        cut, has_trailer = png_truncation(buf)
-        if cut is not None:
-            raise _fail(key, f"truncated or corrupt PNG: {cut}")
+        damage, has_trailer = png_damage(buf)
+        if damage is not None:
+            raise _fail(key, f"truncated or corrupt PNG: {damage}")
         if not has_trailer:  # OpenCV refuses these (with a stderr line); Pillow decodes them
             return _decode_pillow(buf, key)
     flags = cv2.IMREAD_COLOR  # 3 channels: grey replicated, alpha dropped, EXIF applied

@@ -155,6 +155,17 @@ def test_a_cut_png_is_named_without_decoder_noise(
     assert capfd.readouterr().err == ""
 
 
+def test_a_damaged_png_is_named_without_decoder_noise(
+    image: np.ndarray, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = bytearray(png(np.tile(image, (4, 4, 1))))
+    data[len(data) // 2] ^= 0x5A  # one byte of the image data changed
+    with pytest.raises(DecodeError, match=r"chunk 'IDAT' at byte [\d,]+ fails its CRC") as info:
+        decode(bytes(data), key="flip.png")
+    assert "'flip.png'" in str(info.value)
+    assert capfd.readouterr().err == ""  # libpng would print "IDAT: CRC error"
+
+
 def test_a_png_without_its_end_trailer_still_decodes(
     image: np.ndarray, capfd: pytest.CaptureFixture[str]
 ) -> None:
