@@ -9,8 +9,11 @@ allocated, so a decompression bomb costs a few bytes of parsing, not gigabytes.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -210,7 +213,7 @@ def _decode_jpeg(
     _check_pixels(key, height, width, max_pixels)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
-        return _decode_pillow(buf, key)
+        return _decode_pillow(buf, key, checked=height * width)
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
         factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf)
@@ -223,7 +226,7 @@ def _decode_jpeg(
         if "subsampling level" in str(exc):
             # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
             # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
-            return _decode_pillow(buf, key)
+            return _decode_pillow(buf, key, checked=height * width)
         raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
     if rgbx.shape[:2] != (want_h, want_w):
         # libjpeg chose another n/8 scale (tiny images): the box mapping would be wrong.
@@ -283,27 +286,43 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     _check_pixels(key, size[0], size[1], max_pixels)
+    pixels = size[0] * size[1]
+    if fmt == "tiff":
+        # Pillow, as before the size was read here: OpenCV premultiplies RGBA TIFFs by
+        # their alpha and warns on stderr about tags it does not know.
+        return _decode_pillow(buf, key, checked=pixels)
     if fmt == "png":
-        damage, has_trailer = png_damage(buf)
+        damage, complete = png_damage(buf)
         if damage is not None:
             raise _fail(key, f"truncated or corrupt PNG: {damage}")
-        if not has_trailer:  # OpenCV refuses these (with a stderr line); Pillow decodes them
-            return _decode_pillow(buf, key)
+        if complete is not None:  # complete image data without its IEND trailer: close it
+            buf = bytes(buf[:complete]) + _IEND  # (OpenCV refuses it open, with a stderr line)
     flags = cv2.IMREAD_COLOR  # 3 channels: grey replicated, alpha dropped, EXIF applied
     bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
     if bgr is None or bgr.ndim != 3 or bgr.shape[2] != 3:
-        return _decode_pillow(buf, key)  # OpenCV builds may lack a codec (e.g. GIF)
+        # OpenCV builds may lack a codec (e.g. GIF)
+        return _decode_pillow(buf, key, checked=pixels)
     rgbx = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGBA)
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
 
 
+_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # PNG's end chunk: no data, fixed CRC
+
+
 def _decode_pillow(
-    buf: bytes | memoryview, key: str, *, max_pixels: int | None = None
+    buf: bytes | memoryview,
+    key: str,
+    *,
+    max_pixels: int | None = None,
+    checked: int | None = None,
 ) -> DecodedImage:
+    """Decode with Pillow. ``max_pixels``: the size is not known yet, check Pillow's lazy
+    one. ``checked``: the pixel count already passed ``max_pixels``, so Pillow's own
+    limit (``Image.MAX_IMAGE_PIXELS``) must not refuse it (`_pillow_limit_lifted`)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(buf)) as im:
+        with _pillow_limit_lifted(checked), Image.open(io.BytesIO(buf)) as im:
             if max_pixels is not None:  # header not parsed by us: check Pillow's lazy size
                 _check_pixels(key, im.height, im.width, max_pixels)
             im.load()
@@ -316,3 +335,34 @@ def _decode_pillow(
         raise _fail(key, f"too many pixels ({exc})") from None
     rgbx = np.asarray(rgb)
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
+
+
+_lift_lock = threading.Lock()
+_lifts = 0
+_pillow_limit: int | None = None  # Pillow's own limit while lifted
+
+
+@contextlib.contextmanager
+def _pillow_limit_lifted(pixels: int | None) -> Iterator[None]:
+    """Lift Pillow's ``Image.MAX_IMAGE_PIXELS`` while an image of ``pixels`` (already
+    within ``max_pixels``) decodes, if it is over it: otherwise Pillow refuses (or warns
+    about) what ``max_pixels`` allows, and a raised ``max_pixels`` could not move it.
+    A process-wide setting: lifted while any such decode runs, then restored."""
+    global _lifts, _pillow_limit
+    from PIL import Image
+
+    with _lift_lock:
+        limit = _pillow_limit if _lifts else Image.MAX_IMAGE_PIXELS
+        lift = pixels is not None and limit is not None and pixels > limit
+        if lift:
+            if _lifts == 0:
+                _pillow_limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            _lifts += 1
+    try:
+        yield
+    finally:
+        if lift:
+            with _lift_lock:
+                _lifts -= 1
+                if _lifts == 0:
+                    Image.MAX_IMAGE_PIXELS = _pillow_limit

@@ -81,16 +81,17 @@ def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
 _MAX_PNG_CHUNKS = 100_000
 
 
-def png_damage(data: bytes | memoryview) -> tuple[str | None, bool]:
-    """``(why the PNG cannot be decoded or None, whether it ends with its IEND trailer)``,
-    from its chunk layout and checksums alone. The reason is None when the image data is
-    complete and intact (or the layout is too odd to judge: the decoder has the last word).
+def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
+    """``(why the PNG cannot be decoded or None, where its complete chunks end when it has
+    no IEND trailer, else None)``, from its chunk layout and checksums alone. The reason is
+    None when the image data is complete and intact (or the layout is too odd to judge:
+    the decoder has the last word).
 
     Refused: the file ends inside an IDAT chunk, or inside any chunk before the first
     IDAT, or has no IDAT at all (cut short); a critical chunk (IHDR, PLTE, IDAT) whose
     CRC does not match (damaged). A file that ends after complete IDAT chunks (only the
-    IEND trailer, or an ancillary chunk after the image data, missing) still decodes with
-    Pillow, as with libpng's own tools. Checked before decoding because libpng prints
+    IEND trailer, or an ancillary chunk after the image data, missing) still decodes, as
+    with libpng's own tools: the caller closes it at the given offset. Checked before decoding because libpng prints
     its own error lines to stderr for such files (OpenCV adds its own), which a loader
     that reports the file by key should not repeat on the terminal. The CRCs cost about
     1 ms per MB (zlib, outside the GIL), a small part of a PNG decode.
@@ -101,33 +102,33 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, bool]:
     for _ in range(_MAX_PNG_CHUNKS):
         if pos + 8 > end:
             if idat_done:
-                return None, False
+                return None, pos
             if pos == end:
-                return "it ends before any image data (no IDAT chunk)", False
-            return f"it ends inside a chunk header at byte {pos:,} (file size {end:,})", False
+                return "it ends before any image data (no IDAT chunk)", None
+            return f"it ends inside a chunk header at byte {pos:,} (file size {end:,})", None
         length = int.from_bytes(view[pos : pos + 4], "big")
         kind = bytes(view[pos + 4 : pos + 8])
         if kind == b"IEND":
             if idat_done:
-                return None, True
-            return "it has no image data (IEND before any IDAT chunk)", True
+                return None, None
+            return "it has no image data (IEND before any IDAT chunk)", None
         chunk_end = pos + 12 + length  # length, type, data, CRC
         name = kind.decode("latin-1") if kind.isalpha() else kind.hex()
         if chunk_end > end:
             if idat_done and kind != b"IDAT":
-                return None, False  # an ancillary chunk after the image data
+                return None, pos  # an ancillary chunk after the image data
             return (
                 f"it ends inside chunk {name!r} at byte {pos:,}: the chunk needs "
                 f"{chunk_end - pos:,} bytes, the file has {end - pos:,} from there"
-            ), False
+            ), None
         if kind[:1].isupper():  # critical: libpng refuses it on a CRC error (and prints)
             stored = int.from_bytes(view[chunk_end - 4 : chunk_end], "big")
             if zlib.crc32(view[pos + 4 : chunk_end - 4]) != stored:
-                return f"chunk {name!r} at byte {pos:,} fails its CRC (damaged data)", False
+                return f"chunk {name!r} at byte {pos:,} fails its CRC (damaged data)", None
         if kind == b"IDAT":
             idat_done = True
         pos = chunk_end
-    return None, True  # too many chunks to walk: as if complete
+    return None, None  # too many chunks to walk: as if complete
 
 
 def _webp_size(chunk: bytes) -> tuple[int, int] | None:

@@ -262,3 +262,35 @@ def test_tiff_header_size_in_both_byte_orders() -> None:
     big += struct.pack(">HHII", 256, 4, 1, 70000) + struct.pack(">HHIHH", 257, 3, 1, 3, 0)
     assert header_size(big + b"\x00" * 4, "tiff") == (3, 70000)
     assert header_size(b"II+\x00" + b"\x00" * 12, "tiff") is None  # BigTIFF: not read here
+
+
+def test_rgba_tiff_colours_are_not_premultiplied(image: np.ndarray) -> None:
+    rgba = np.dstack([image, np.full(image.shape[:2], 128, np.uint8)])
+    out = io.BytesIO()
+    Image.fromarray(rgba).save(out, "TIFF")
+    np.testing.assert_array_equal(decode(out.getvalue()).array, decode(png(rgba)).array)
+    np.testing.assert_array_equal(decode(out.getvalue()).array, image)  # alpha dropped
+
+
+def test_a_16_bit_png_without_its_trailer_decodes_as_the_whole_file() -> None:
+    grey = (np.arange(48 * 64, dtype=np.uint16).reshape(48, 64) * 21) + 1000
+    out = io.BytesIO()
+    Image.fromarray(grey).save(out, "PNG")
+    whole = out.getvalue()
+    np.testing.assert_array_equal(decode(whole[:-12]).array, decode(whole).array)
+
+
+def test_max_pixels_not_pillows_own_limit_decides(
+    image: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pillow refuses images over 2 x Image.MAX_IMAGE_PIXELS whatever max_pixels allows;
+    # here its limit is tiny, so every Pillow-decoded format would hit it.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    odd = (Path(__file__).parent / "data" / "sampling_2x2_1x1_2x2.jpg").read_bytes()
+    cmyk = io.BytesIO()
+    Image.fromarray(image).convert("CMYK").save(cmyk, "JPEG", quality=95)
+    for data in (odd, cmyk.getvalue(), tiff(image)):
+        assert decode(data, key="big").array.ndim == 3
+    assert Image.MAX_IMAGE_PIXELS == 100  # lifted for those decodes only
+    with pytest.raises(DecodeError, match="max_pixels"):
+        decode(tiff(image), max_pixels=50)
