@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
+import inspect
 import reprlib
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +70,9 @@ def release_locals(exc: BaseException) -> None:
 
     A recorded failure lives until the epoch ends, and its frames' locals would keep the
     failed item alive with it: with 200 MB files, 200 MB per bad file (a QA run grew to
-    5 GB over 24 of them). Frames still running (the stage's own loop) are left as they
-    are.
+    5 GB over 24 of them). Frames still running (the stage's own loop) and the frames of
+    generators and coroutines are left as they are. For failures that are kept, not for
+    one raised to the caller (whose locals a debugger may want).
     """
     todo: list[BaseException | None] = [exc]
     seen: set[int] = set()
@@ -79,11 +81,21 @@ def release_locals(exc: BaseException) -> None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
+        tb = e.__traceback__
+        while tb is not None:
+            # Not a generator's or coroutine's frame: clearing a suspended one closes it
+            # (a worker's own coroutine that an op resumes would end).
+            if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+                with contextlib.suppress(RuntimeError):  # still running: left as it is
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
         todo += [e.__cause__, e.__context__]
         members = getattr(e, "exceptions", None)
         if isinstance(members, tuple):
             todo += [m for m in members if isinstance(m, BaseException)]
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 @dataclass(frozen=True)

@@ -188,11 +188,12 @@ class PipeStage(Stage):
         assert rt is not None
         key = item_key(item, self.spec.key_fn)
         add_note(exc, f"stage: {self.name}, sample: {key}")
-        release_locals(exc)  # the record outlives the item: do not keep its bytes
         record = FailureRecord(stage=self.name, key=key, error=exc)
         # +1: this task is counted only after it returns.
         error = self.policy.record(record, calls=self.tasks_done() + 1)
-        if error is not None:
+        if error is None:
+            release_locals(exc)  # the record outlives the item: do not keep its bytes
+        else:
             rt.fail(error)
             raise Stopped
         return _DROPPED

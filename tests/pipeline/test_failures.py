@@ -197,3 +197,49 @@ def test_a_recorded_failure_does_not_keep_the_item_alive() -> None:
         assert len(records) == 5 and all(r() is None for r in refs)  # freed, not collected
     text = "".join(traceback.format_exception(records[0].error))
     assert "in decode" in text and "raise ValueError" in text  # still a full traceback
+
+
+def test_releasing_locals_leaves_a_suspended_generator_running() -> None:
+    # The exception was raised inside a long-lived generator, which caught it and handed
+    # it on; its traceback holds that generator's suspended frame. Clearing it would
+    # close the generator, and every later item would fail.
+    def checker() -> Any:
+        item = yield None
+        while True:
+            try:
+                if item % 3 == 2:
+                    raise ValueError(f"bad item {item}")
+                out: Any = item
+            except ValueError as exc:
+                out = exc
+            item = yield out
+
+    gen = checker()
+    next(gen)
+
+    def op(i: int) -> int:
+        out = gen.send(i)
+        if isinstance(out, Exception):
+            raise out
+        return int(out)
+
+    p = PipelineBuilder().add_source(range(10)).pipe(op, max_failures=None).add_sink(2).build()
+    with p:
+        got = sorted(p)
+    assert got == [0, 1, 3, 4, 6, 7, 9]
+    assert [r.key for r in p.failures()] == ["2", "5", "8"]
+
+
+def test_a_raised_failure_keeps_its_locals_for_a_debugger() -> None:
+    def decode(i: int) -> int:
+        payload = f"item {i}"
+        raise ValueError(payload)
+
+    p = PipelineBuilder().add_source(range(3)).pipe(decode, max_failures=0).add_sink(2).build()
+    with pytest.raises(PipelineFailure) as info, p:
+        list(p)
+    cause = info.value.exceptions[0]
+    tb = cause.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "decode":
+        tb = tb.tb_next
+    assert tb is not None and tb.tb_frame.f_locals["payload"] == "item 0"
