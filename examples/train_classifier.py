@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             seed=args.seed,
             batching=args.batching,
         )
-    except (ValueError, RuntimeError) as exc:  # a bad --data or --device: one line
+    except (OSError, ValueError, RuntimeError) as exc:  # a bad --data or --device: one line
         raise SystemExit(f"train_classifier.py: error: {exc}") from None
     print(
         f"data: {args.data} ({len(source)} images, {len(source.classes)} classes); "

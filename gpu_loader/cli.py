@@ -256,7 +256,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             batch_size=args.batch_size,
             size=args.size,
-            device=args.device,
+            device=device,
             batching=args.batching,
             step_s=args.step_ms / 1000,
             threads=args.threads,
@@ -276,7 +276,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ) from None
     except (ValueError, RuntimeError) as exc:
         message = in_flags(str(exc), _DEMO_FLAGS)
-        message = re.sub(r"device='(\w+)'", r"--device \1", message)
+        message = re.sub(r"device='([\w:]+)'", r"--device \1", message)
         raise CliError(message) from None
     print(report.text)
     if args.json is not None:
@@ -344,8 +344,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # said by the subcommand's parser, which names itself
-        command = _subparsers(parser).get(args.command or "", parser)
+    if extra:  # said by the parser whose options they were meant for
+        given = list(sys.argv[1:] if argv is None else argv)
+        at = given.index(args.command) if args.command in given else len(given)
+        before = any(a in given[:at] for a in extra)
+        command = parser if before else _subparsers(parser).get(args.command or "", parser)
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:

@@ -23,6 +23,11 @@ MANIFEST = "manifest.json"
 _GENERATOR_VERSION = 2  # bump whenever the bytes for a given seed change
 
 
+MAX_SIDE = 8192
+"""Largest side `make_image_folder` draws (before ``heavy_scale``): a generated photo is
+built in float32 in memory, 0.8 GB at 8192 x 8192."""
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """The parameters of a generated folder (what the manifest records)."""
@@ -42,10 +47,12 @@ class DatasetSpec:
             raise ValueError(f"`num_images` must be >= 0, got {self.num_images}")
         if self.num_classes < 1:
             raise ValueError(f"`num_classes` must be >= 1, got {self.num_classes}")
-        if not 16 <= self.min_side <= self.max_side:
+        if self.seed < 0:  # numpy's seeding takes no negative numbers
+            raise ValueError(f"`seed` must be >= 0, got {self.seed}")
+        if not 16 <= self.min_side <= self.max_side <= MAX_SIDE:
             raise ValueError(
-                "`min_side` and `max_side` must satisfy 16 <= min_side <= max_side, "
-                f"got min_side={self.min_side}, max_side={self.max_side}"
+                f"`min_side` and `max_side` must satisfy 16 <= min_side <= max_side <= "
+                f"{MAX_SIDE}, got {self.min_side} and {self.max_side}"
             )
         for name in ("png_fraction", "gray_fraction", "heavy_fraction"):
             value = getattr(self, name)
@@ -99,12 +106,15 @@ def make_image_folder(
         return root
     root.mkdir(parents=True, exist_ok=True)
     earlier = _generated_files(root)  # before anything is removed: a refused folder stays
+    finished = (root / MANIFEST).is_file()  # else an interrupted generation
     # Remove a stale manifest first: a half-written folder must never look complete.
     (root / MANIFEST).unlink(missing_ok=True)
     images = sum(p.suffix in (".jpg", ".png") for p in earlier)
     if progress and images:
+        what = "generated dataset" if finished else "unfinished generation"
+        more = "other parameters" if finished else "no manifest"
         print(
-            f"{root}: replacing an earlier generated dataset ({images} images, other parameters)",
+            f"{root}: replacing an earlier {what} ({images} images, {more})",
             file=sys.stderr,
             flush=True,
         )

@@ -28,7 +28,7 @@ def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
     zeros and a verdict from one batch would read as measurements.
     """
     gpu = "no GPU" if stats.gpu_util_percent is None else f"{stats.gpu_util_percent:.0f}%"
-    measured = stats.samples_per_s_recent > 0
+    measured = stats.batches > 1  # a rate needs two; later, zero is a measured stall
     parts = [
         f"{unit}/s={stats.samples_per_s_recent:.0f}" if measured else f"{unit}/s=-",
         f"stall={stats.stall_fraction_recent:.1%}" if measured else "stall=-",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import os
@@ -79,10 +80,12 @@ class FileList(FileIndex):
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
+            # utf-8-sig counts from after a BOM it skipped
+            at = exc.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+            line = data.count(b"\n", 0, at) + 1
             raise ValueError(
-                f"CSV {location!r} line {line}: not UTF-8 text (byte {data[exc.start]:#04x} "
-                f"at offset {exc.start}); save the list as UTF-8"
+                f"CSV {location!r} line {line}: not UTF-8 text (byte {data[at]:#04x} "
+                f"at offset {at}); save the list as UTF-8"
             ) from None
         rows = csv.reader(io.StringIO(text))
         header = [h.strip() for h in next(rows, [])]

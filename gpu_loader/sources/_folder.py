@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -106,9 +107,10 @@ def _scan_local(
     files: list[_Found] = []
     empty: list[str] = []
     skip = len(os.path.join(root, ""))  # walk paths start with root: slicing beats relpath
+    above = _folders_above(root)
     for label, name in enumerate(classes):
         before = len(files)
-        for dirpath, fnames in sorted(_walk(os.path.join(root, name))):
+        for dirpath, fnames in sorted(_walk(os.path.join(root, name), above)):
             rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
                 if fname.lower().endswith(exts):
@@ -121,13 +123,33 @@ def _scan_local(
     return classes, files
 
 
-def _walk(top: str) -> list[tuple[str, list[str]]]:
+def _folders_above(root: str) -> frozenset[tuple[int, int]]:
+    """``(device, inode)`` of ``root`` and of every folder above it, up to ``/``."""
+    found = set()
+    for folder in (os.path.abspath(root), *_parents(os.path.abspath(root))):
+        with contextlib.suppress(OSError):
+            info = os.stat(folder)
+            found.add((info.st_dev, info.st_ino))
+    return frozenset(found)
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while (parent := os.path.dirname(path)) != path:
+        out.append(parent)
+        path = parent
+    return out
+
+
+def _walk(top: str, above: frozenset[tuple[int, int]]) -> list[tuple[str, list[str]]]:
     """``(folder, file names)`` as ``os.walk(top, followlinks=True)`` finds them, except
-    that a symlinked folder leading back to one of its own ancestors is not entered (a
+    that a symlinked folder leading back to one of its own ancestors (or to a folder
+    ``above`` the walk: the dataset root and the folders over it) is not entered (a
     loop): os.walk would list the ancestor's files again under ever longer paths until
-    the OS refused the path, each a sample. Said once per loop on the log."""
+    the OS refused the path, each a sample (and a link to the root, under another class's
+    label). Said once per link on the log."""
     found: list[tuple[str, list[str]]] = []
-    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, frozenset())]
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(top, above)]
     while stack:
         path, ancestors = stack.pop()
         try:

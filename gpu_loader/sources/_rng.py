@@ -41,6 +41,11 @@ class SampleStream:
     __slots__ = ("philox_key",)
 
     def __init__(self, low: int, high: int) -> None:
+        for name, word in (("low", low), ("high", high)):
+            if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word < 1 << 64:
+                raise ValueError(
+                    f"SampleStream `{name}` must be an int in [0, 2**64), got {word!r}"
+                )
         self.philox_key = (low, high)
 
     def generator(self) -> np.random.Generator:

@@ -142,6 +142,7 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("demo", "--threads", "0", "--data", "."), "--threads must be > 0"),
         (("demo", "--device", "tpu", "--data", "."), "--device must be auto, cpu, cuda"),
         (("demo", "--bogus"), "gpu-loader demo: error: unrecognized arguments: --bogus"),
+        (("--bogus", "demo"), "gpu-loader: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_errors_are_one_line_without_traceback(
@@ -204,6 +205,8 @@ def test_make_dataset_errors_name_its_flags(tmp_path: Path) -> None:
     for args, needle in (
         (("--heavy-fraction", "1.5"), "--heavy-fraction must be in [0, 1], got 1.5"),
         (("--min-side", "900", "--max-side", "100"), "--min-side and --max-side must satisfy"),
+        (("--max-side", "100000"), "max_side <= 8192, got 200 and 100000"),
+        (("--seed", "-1"), "--seed must be >= 0, got -1"),
     ):
         result = run("make-dataset", out, *args, cache=tmp_path)
         assert result.returncode == 2 and needle in result.stderr, result.stderr

@@ -180,5 +180,8 @@ def test_progress_postfix() -> None:
     text = progress_postfix(make_stats())
     assert text == "img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4"
     # The first batch: no rate yet, so no figures that look measured and no verdict.
-    first = progress_postfix(make_stats(samples_per_s_recent=0.0, failures=0))
+    first = progress_postfix(make_stats(batches=1, samples_per_s_recent=0.0, failures=0))
     assert first == "img/s=- stall=- gpu=80%"
+    # Later, a loop that got nothing lately is a measurement: zero, and a verdict.
+    stalled = progress_postfix(make_stats(samples_per_s_recent=0.0, stall_fraction_recent=1.0))
+    assert stalled.startswith("img/s=0 stall=100.0%") and "bottleneck=decode" in stalled

@@ -116,6 +116,13 @@ def test_values_python_refuses_are_refused_from_a_stream_too() -> None:
     assert math.isfinite(t.scale[1])
 
 
+def test_a_stream_key_outside_philoxs_words_is_refused() -> None:
+    # C would wrap 2**64 + 5 to 5 silently, where numpy raises.
+    for low, high in ((2**64 + 5, 0), (-1, 0), (0, 2**64)):
+        with pytest.raises(ValueError, match=r"must be an int in \[0, 2\*\*64\)"):
+            SampleStream(low, high)
+
+
 def test_stream_keys_are_checked_as_sample_rng_checks_them() -> None:
     with pytest.raises(ValueError, match="epoch"):
         sample_stream(0, 2**24, 0)

@@ -179,3 +179,6 @@ def test_a_csv_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
     csv_path.write_bytes(b"path,label\na.jpg,0\ncaf\xe9.jpg,1\n")  # Latin-1 on line 3
     with pytest.raises(ValueError, match=r"list\.csv' line 3: not UTF-8 text \(byte 0xe9"):
         FileList.from_csv(csv_path)
+    csv_path.write_bytes(b"\xef\xbb\xbfpath,label\na.jpg,0\ncaf\xe9.jpg,1\n")  # with a BOM
+    with pytest.raises(ValueError, match=r"line 3: not UTF-8 text \(byte 0xe9 at offset 25\)"):
+        FileList.from_csv(csv_path)

@@ -199,6 +199,21 @@ def test_a_symlinked_folder_looping_back_is_not_entered(
     assert "leads back to a folder above it" in caplog.text and "back" in caplog.text
 
 
+def test_a_link_to_the_root_is_not_entered_so_no_file_gets_another_label(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = ImageFolder(tree)
+    (tree / "bird" / "up").symlink_to(tree)  # bird/up/dog/... would be labelled bird
+    (tree / "dog" / "top").symlink_to(tree.parent)  # above the root
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        index = ImageFolder(tree)
+    assert [index.key(i) for i in range(len(index))] == [
+        expected.key(i) for i in range(len(expected))
+    ]
+    assert index.labels.tolist() == expected.labels.tolist()
+    assert caplog.text.count("leads back to a folder above it") == 2
+
+
 def test_a_file_name_that_is_not_utf8_loads(tree: Path) -> None:
     raw = os.path.join(os.fsencode(tree / "dog"), b"caf\xe9.jpg")  # Latin-1, not UTF-8
     with open(raw, "wb") as f:
