@@ -41,6 +41,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._joiner: threading.Event | None = None  # set once the first shutdown has joined
         self._fatal: BaseException | None = None
         self.started_at: float | None = None
 
@@ -68,11 +69,30 @@ class Runtime:
         return True
 
     def shutdown(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Stop and join every thread; safe to call more than once and from any thread."""
+        """Stop and join every thread; safe to call more than once and from any thread.
+
+        The first call joins (for at most ``timeout``); a later or concurrent one waits for
+        that join to end instead of starting its own, so a thread stuck in an op (a read
+        that never returns) costs ``timeout`` once, not once per caller.
+        """
         with self._lock:
             self._closing = True
             threads = list(self._threads)
+            joined, first = self._joiner, self._joiner is None
+            if first:
+                joined = self._joiner = threading.Event()
         self.stop.set()
+        assert joined is not None
+        if not first:
+            if threading.current_thread() not in threads:  # one of ours would wait on itself
+                joined.wait(timeout)
+            return
+        try:
+            self._join(threads, timeout)
+        finally:
+            joined.set()
+
+    def _join(self, threads: list[threading.Thread], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in threads:

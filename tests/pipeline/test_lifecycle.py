@@ -246,3 +246,34 @@ def test_a_failed_start_joins_the_threads_it_started(monkeypatch: pytest.MonkeyP
         p.start()
     assert len(calls) == 3
     assert pipeline_threads() == []
+
+
+def test_a_stuck_op_costs_the_join_timeout_once_not_once_per_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(x: int) -> int:
+        entered.set()
+        release.wait(30)  # a read that does not return
+        return x
+
+    p = PipelineBuilder().add_source(range(3)).pipe(stuck).add_sink(2).build()
+    p.start()
+    try:
+        assert entered.wait(10)
+        rt = p._core.rt
+        with caplog.at_level("WARNING", logger="gpu_loader.pipeline"):
+            t0 = time.monotonic()
+            rt.shutdown(timeout=0.3)
+            first = time.monotonic() - t0
+            t0 = time.monotonic()
+            rt.shutdown(timeout=0.3)  # e.g. the epoch's close after the `with` block's
+            p.close()
+            again = time.monotonic() - t0
+        assert 0.25 <= first < 2.0 and again < 0.1
+        assert caplog.text.count("still running after") == 1
+    finally:
+        release.set()
+        p.close()
