@@ -11,9 +11,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,6 +37,7 @@ from gpu_loader.ops import load_into
 from gpu_loader.pipeline import (
     IDLE,
     FailureRecord,
+    Pipeline,
     PipelineBuilder,
     PipelineFailure,
     SlowLane,
@@ -138,6 +141,7 @@ class EpochBase:
         waiting for the training loop is not the source's work)."""
         self.cond = threading.Condition()
         self.stopping = threading.Event()
+        self.pid = os.getpid()  # its threads exist in this process only
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
@@ -357,7 +361,20 @@ class EpochBase:
         with self.cond:
             self.cond.notify_all()
 
+    def feeds(self, pipeline: Pipeline) -> None:
+        """`source` waits for window room on `stopping`, which only the epoch sets. A
+        pipeline shut down without the epoch (its finalizer at interpreter exit, while
+        the training loop still holds the iterator) must end that wait too, or each join
+        of the source thread waited out its 10 s (30 s at exit). Finalizers run newest
+        first, so this one runs before the pipeline's own."""
+        weakref.finalize(pipeline, self.stopping.set)
+
     def check_not_stopped(self) -> None:
+        if os.getpid() != self.pid:
+            raise RuntimeError(
+                "this epoch's iterator was made in another process (before a fork): its "
+                "threads did not come with it; iterate the loader again in this process"
+            )
         if self.stopped_because is not None:
             raise RuntimeError(
                 f"this epoch's iterator was stopped: {self.stopped_because}. An ImageLoader "
@@ -456,6 +473,7 @@ class CpuEpoch(EpochBase):
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()
         )
+        self.feeds(self.pipeline)
         # Formed batches on their way to the training loop, with their emission index
         # (see `form`), and those formed ahead of their turn (see `take_formed`).
         self.formed: queue.SimpleQueue[tuple[int, Formed] | BaseException | None] = (
@@ -630,22 +648,23 @@ class CpuEpoch(EpochBase):
             if (ready := self.early.pop(self.next_index, None)) is not None:
                 self.next_index += 1
                 return ready
-            try:
-                item = formed.get_nowait()
-            except queue.Empty:
+            item = _get(formed, None)
+            if item is _EMPTY:
                 # One batch formed here at a time: with one already waiting its turn, the
                 # batch before it is being assembled and needs no more moved samples.
                 if not self.early and self.rows is not None and (b := self.pop_batch()) is not None:
                     self.early[b.index] = self.assemble(b)
                     continue
-                try:
-                    item = formed.get(timeout=0.005)
-                except queue.Empty:
+                # Waited outside any `except` block: a Ctrl-C here is a plain
+                # KeyboardInterrupt, not one chained to a queue.Empty.
+                item = _get(formed, 0.005)
+                if item is _EMPTY:
                     if self.former is None or not self.former.is_alive():
                         if not formed.empty():
                             continue
-                        raise RuntimeError("the batcher thread ended without a result") from None
+                        raise RuntimeError("the batcher thread ended without a result")
                     continue
+            assert not isinstance(item, _Empty)
             if item is None or isinstance(item, BaseException):
                 if item is None and self.early:  # the end, yet a batch before these is missing
                     raise RuntimeError(
@@ -690,6 +709,22 @@ class CpuEpoch(EpochBase):
         if self.former is not None:
             # The pipeline is closed, so its stream ends and the thread returns at once.
             self.former.join()
+
+
+class _Empty:
+    """`_get`'s answer when nothing came."""
+
+
+_EMPTY = _Empty()
+
+
+def _get(q: queue.SimpleQueue[Any], timeout: float | None) -> Any:
+    """``q``'s next item, or `_EMPTY`: without waiting (``timeout`` None) or after
+    ``timeout`` seconds."""
+    try:
+        return q.get_nowait() if timeout is None else q.get(timeout=timeout)
+    except queue.Empty:
+        return _EMPTY
 
 
 Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]

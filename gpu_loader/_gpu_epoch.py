@@ -121,6 +121,8 @@ class GpuEpoch(EpochBase):
             .add_sink(buffer_size=opts.prefetch_batches)
             .build()
         )
+        self.feeds(self.fetch_pipeline)
+        self.feeds(self.decode_pipeline)
         self.stream: Iterator[GpuBatch] | None = None
 
     # -- the decode pipeline's source thread: the batcher ------------------------------

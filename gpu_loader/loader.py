@@ -256,6 +256,7 @@ class ImageLoader:
         # A weak reference: the epoch's generator (held by the training loop) keeps the
         # loader alive, never the other way round, so dropping both frees their threads.
         self._active: weakref.ref[EpochBase] | None = None
+        self._iterator: weakref.ref[Any] | None = None  # the running epoch's generator
         self._lock = threading.Lock()
         self._monitor: Monitor | None = None
         self._stats_at_close: LoaderStats | None = None
@@ -276,7 +277,8 @@ class ImageLoader:
 
         After `load_state_dict` of a mid-epoch state, setting the saved epoch again (the
         training loop's usual call at the top of each epoch) keeps the restored progress:
-        the next iteration yields exactly what that epoch had left.
+        the next iteration yields exactly what that epoch had left. Setting another epoch
+        while one is being iterated stops that one (its iterator raises if used again).
         """
         if isinstance(epoch, bool):
             raise TypeError(f"`epoch` must be an int, got {epoch!r}")
@@ -292,6 +294,11 @@ class ImageLoader:
         if self._resume is not None and epoch == self.sampler.epoch:
             self._explicit_epoch = True
             return
+        if epoch != self.sampler.epoch:
+            # A running epoch of another number would go on under the new one, and
+            # state_dict() would pair this epoch with its progress.
+            self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self.epoch} ran")
+            self._active = None  # its progress is not this epoch's (state_dict)
         self.sampler.set_epoch(epoch)
         self._explicit_epoch = True
         self._epoch_done = False
@@ -303,6 +310,12 @@ class ImageLoader:
         return int(self.sampler.epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        running = self._iterator() if self._iterator is not None else None
+        if getattr(running, "gi_running", False):  # inside next() in another thread
+            raise RuntimeError(
+                "this ImageLoader's epoch is being iterated in another thread; a loader "
+                "runs one epoch at a time: give each thread its own loader"
+            )
         if self._epoch_done and not self._explicit_epoch:
             self.sampler.set_epoch(self.sampler.epoch + 1)
         self._epoch_done = False
@@ -318,7 +331,16 @@ class ImageLoader:
         self._resume = None
         self._restored = False
         self._active = weakref.ref(epoch)
-        return epoch.batches()
+        iterator = epoch.batches()
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "an ImageLoader cannot be pickled (it owns threads, queues and batch memory); "
+            "send its source, transform and options to the other process and build a "
+            "loader there"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot for exact mid-epoch resume (never pickled)."""
@@ -392,13 +414,14 @@ class ImageLoader:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
 
     def failed_samples(self) -> list[FailedSample]:
-        """Every sample not delivered so far, with its key, stage and error."""
+        """Every sample not delivered so far, with its key, stage and error: once per
+        (key, stage, epoch), also when an epoch was cut short and run again."""
         active = self._epoch()
         with self._lock:  # an epoch's records move into `_failed` under this lock
             done = list(self._failed)
             if active is not None and not active.reported:
                 done += active.failures()
-        return done
+        return _once(done)
 
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
@@ -538,7 +561,7 @@ class ImageLoader:
         batcher_stats: BatcherStats,
     ) -> None:
         with self._lock:
-            self._failed.extend(records)
+            self._failed = _once([*self._failed, *records])
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`
             self._last_engine_stats = engine_stats
             self._last_batcher_stats = batcher_stats
@@ -551,6 +574,17 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
+
+
+def _once(records: list[FailedSample]) -> list[FailedSample]:
+    """``records`` without repeats of a (key, stage, epoch), first report kept."""
+    seen: set[tuple[str, str, int]] = set()
+    out = []
+    for r in records:
+        if (r.key, r.stage, r.epoch) not in seen:
+            seen.add((r.key, r.stage, r.epoch))
+            out.append(r)
+    return out
 
 
 def _resolve_device(device: str) -> torch.device:

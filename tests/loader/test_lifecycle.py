@@ -1,0 +1,130 @@
+"""How a loader behaves when training code does unusual but plausible things: exits
+holding an iterator, changes the epoch mid-epoch, shares a loader across threads,
+restarts an epoch, pickles it."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpu_loader as gl
+from gpu_loader.ops import EvalTransform
+from gpu_loader.sources import FileList
+
+SMALL = EvalTransform(32, resize=36)
+
+
+def make(source: Any, **kw: Any) -> gl.ImageLoader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("transform", SMALL)
+    kw.setdefault("shuffle", False)
+    return gl.ImageLoader(source, **kw)
+
+
+def test_exit_holding_an_iterator_with_a_full_window_is_quick(photo_dir: Path) -> None:
+    # A step-based loop keeps `it` to the end; the loader fills its window meanwhile.
+    # The source thread waited for window room on a flag only the epoch sets, and the
+    # exit-time shutdown never set it: three joins of 10 s each.
+    script = f"""
+import time, gpu_loader as gl
+loader = gl.ImageLoader({str(photo_dir)!r}, batch_size=4, shuffle=False,
+                        transform=gl.ops.EvalTransform(size=32, resize=36))
+it = iter(loader)
+next(it)
+time.sleep(1.0)  # the window fills
+print("done", flush=True)
+"""
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    took = time.monotonic() - start
+    assert result.returncode == 0 and "done" in result.stdout, result.stderr
+    assert "still running" not in result.stderr
+    assert took < 8.0, f"exit took {took:.1f} s"
+
+
+def test_set_epoch_while_an_epoch_runs_stops_it(unique_list: FileList) -> None:
+    loader = make(unique_list)
+    it = iter(loader)
+    next(it)
+    next(it)
+    loader.set_epoch(1)
+    state = loader.state_dict()  # epoch 1, nothing delivered: not epoch 0's progress
+    assert state["sampler"]["epoch"] == 1 and state.get("batcher") is None
+    with pytest.raises(RuntimeError, match=r"set_epoch\(1\) was called while epoch 0 ran"):
+        next(it)
+    labels = sorted(int(v) for _, y in loader for v in y)
+    assert labels == list(range(len(unique_list)))
+    loader.set_epoch(1)  # the same number again: a no-op, not a stop
+    assert loader.epoch == 1
+
+
+class GatedFirstRead:
+    """A FileList whose first read waits for `gate`: a consumer stays inside next()."""
+
+    def __init__(self, inner: FileList) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, i: int) -> bytes:
+        if i == 0:
+            self.waiting.set()
+            self.gate.wait(30)
+        return self.inner.read(i)
+
+
+def test_iterating_from_a_second_thread_while_one_is_in_next_says_so(
+    unique_list: FileList,
+) -> None:
+    source = GatedFirstRead(unique_list)
+    loader = make(source)
+    got: list[int] = []
+    consumer = threading.Thread(target=lambda: got.extend(int(v) for _, y in loader for v in y))
+    consumer.start()
+    assert source.waiting.wait(30)
+    time.sleep(0.05)  # the consumer is inside its first next(), waiting for batch 0
+    try:
+        with pytest.raises(RuntimeError, match="being iterated in another thread"):
+            iter(loader)
+    finally:
+        source.gate.set()
+        consumer.join(30)
+    assert sorted(got) == list(range(len(unique_list)))  # the first thread was not disturbed
+
+
+def test_a_restarted_epoch_lists_each_bad_file_once(bad_list: tuple[FileList, set[str]]) -> None:
+    items, bad = bad_list
+    loader = make(items, max_failures=None)
+    for _ in loader:
+        pass
+    loader.set_epoch(1)
+    for _ in loader:
+        break  # a cut-short pass of epoch 1 ...
+    loader.set_epoch(1)
+    for _ in loader:
+        pass  # ... and epoch 1 again, whole
+    failed = loader.failed_samples()
+    pairs = [(f.key, f.epoch) for f in failed]
+    assert len(pairs) == len(set(pairs))
+    assert {k for k, e in pairs if e == 1} == bad and {k for k, e in pairs if e == 0} == bad
+    assert loader.stats().failures == len(failed)
+
+
+def test_pickling_a_loader_says_what_to_send_instead(unique_list: FileList) -> None:
+    with pytest.raises(TypeError, match=r"cannot be pickled.*send its source, transform"):
+        pickle.dumps(make(unique_list))
