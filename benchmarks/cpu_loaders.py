@@ -90,11 +90,11 @@ class PillowSample:
         import numpy as np
         from PIL import Image, ImageOps
 
-        from gpu_loader.sources import sample_rng
+        from gpu_loader.sources import sample_stream
 
         with Image.open(self.files[i]) as im:
             img = ImageOps.exif_transpose(im).convert("RGB")
-        p = self.transform.make_params(img.height, img.width, sample_rng(0, 0, i))
+        p = self.transform.make_params(img.height, img.width, sample_stream(0, 0, i))
         box = (p.left, p.top, p.left + p.width, p.top + p.height)
         out_h, out_w = self.transform.output_size
         img = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
@@ -117,13 +117,13 @@ class FastSample:
         import torch
 
         from gpu_loader.ops import load_into
-        from gpu_loader.sources import sample_rng
+        from gpu_loader.sources import sample_stream
 
         out_h, out_w = self.transform.output_size
         out = np.empty((3, out_h, out_w), np.float32)
         data = Path(self.files[i]).read_bytes()
         load_into(
-            data, self.transform, sample_rng(0, 0, i), out, dtype="float32", key=self.files[i]
+            data, self.transform, sample_stream(0, 0, i), out, dtype="float32", key=self.files[i]
         )
         return torch.from_numpy(out), self.labels[i]
 
@@ -198,7 +198,7 @@ def spdl_io_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
     import numpy as np
     import spdl.io
 
-    from gpu_loader.sources import sample_rng
+    from gpu_loader.sources import sample_stream
 
     files, labels = list_files(data)
     transform = make_transform(kind)
@@ -208,7 +208,7 @@ def spdl_io_sample(data: Path, kind: str) -> tuple[Callable[[int], Any], int]:
 
     def load_one(i: int) -> tuple[Any, int]:
         packets = spdl.io.demux_image(files[i])
-        p = transform.make_params(packets.height, packets.width, sample_rng(0, 0, i))
+        p = transform.make_params(packets.height, packets.width, sample_stream(0, 0, i))
         w, h = max(1, round(p.width)), max(1, round(p.height))
         x, y = round(p.left), round(p.top)
         flip = ",hflip" if p.flip else ""
