@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -213,7 +215,7 @@ def _decode_jpeg(
     _check_pixels(key, height, width, max_pixels)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
-        return _decode_pillow(buf, key, checked=height * width)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=height * width)
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
         factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf)
@@ -226,7 +228,7 @@ def _decode_jpeg(
         if "subsampling level" in str(exc):
             # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
             # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
-            return _decode_pillow(buf, key, checked=height * width)
+            return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=height * width)
         raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
     if rgbx.shape[:2] != (want_h, want_w):
         # libjpeg chose another n/8 scale (tiny images): the box mapping would be wrong.
@@ -290,7 +292,7 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
     if fmt == "tiff":
         # Pillow, as before the size was read here: OpenCV premultiplies RGBA TIFFs by
         # their alpha and warns on stderr about tags it does not know.
-        return _decode_pillow(buf, key, checked=pixels)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
     if fmt == "png":
         damage, complete = png_damage(buf)
         if damage is not None:
@@ -301,7 +303,7 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
     bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
     if bgr is None or bgr.ndim != 3 or bgr.shape[2] != 3:
         # OpenCV builds may lack a codec (e.g. GIF)
-        return _decode_pillow(buf, key, checked=pixels)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
     rgbx = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGBA)
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
 
@@ -313,18 +315,18 @@ def _decode_pillow(
     buf: bytes | memoryview,
     key: str,
     *,
-    max_pixels: int | None = None,
-    checked: int | None = None,
+    max_pixels: int,
+    header_pixels: int | None = None,
 ) -> DecodedImage:
-    """Decode with Pillow. ``max_pixels``: the size is not known yet, check Pillow's lazy
-    one. ``checked``: the pixel count already passed ``max_pixels``, so Pillow's own
-    limit (``Image.MAX_IMAGE_PIXELS``) must not refuse it (`_pillow_limit_lifted`)."""
+    """Decode with Pillow, refusing more than ``max_pixels`` by the size Pillow parsed
+    (before any pixel is decoded). ``header_pixels``: the size our own header parser read
+    (already within ``max_pixels``); over Pillow's own limit, that limit is lifted for
+    this decode (`_pillow_limit_lifted`), and the check on Pillow's size still stands."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
-        with _pillow_limit_lifted(checked), Image.open(io.BytesIO(buf)) as im:
-            if max_pixels is not None:  # header not parsed by us: check Pillow's lazy size
-                _check_pixels(key, im.height, im.width, max_pixels)
+        with _pillow_limit_lifted(header_pixels), Image.open(io.BytesIO(buf)) as im:
+            _check_pixels(key, im.height, im.width, max_pixels)
             im.load()
             rgb = ImageOps.exif_transpose(im).convert("RGBX")
     except DecodeError:
@@ -340,6 +342,21 @@ def _decode_pillow(
 _lift_lock = threading.Lock()
 _lifts = 0
 _pillow_limit: int | None = None  # Pillow's own limit while lifted
+
+
+def _reset_lift_in_child() -> None:
+    """A child forked during a lifted decode must not keep Pillow's limit lifted: the
+    thread that would restore it did not come along (nor, maybe, the lock's owner)."""
+    global _lift_lock, _lifts
+    image = sys.modules.get("PIL.Image")
+    if _lifts and image is not None:
+        setattr(image, "MAX_IMAGE_PIXELS", _pillow_limit)  # noqa: B010
+    _lifts = 0
+    _lift_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lift_in_child)
 
 
 @contextlib.contextmanager

@@ -294,3 +294,47 @@ def test_max_pixels_not_pillows_own_limit_decides(
     assert Image.MAX_IMAGE_PIXELS == 100  # lifted for those decodes only
     with pytest.raises(DecodeError, match="max_pixels"):
         decode(tiff(image), max_pixels=50)
+
+
+def test_pillows_size_is_checked_when_our_header_reads_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ImageWidth/ImageLength twice: SLONG entries (Pillow keeps them: 40 x 40) before LONG
+    # ones (our parser reads these: 20 x 20). Ours is within max_pixels and over Pillow's
+    # (tiny) limit, which is lifted: Pillow's own size must still meet max_pixels.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    pixels = b"\x80" * (40 * 40)
+    entries = [(256, 9, 40), (257, 9, 40), (256, 4, 20), (257, 4, 20), (258, 3, 8)]
+    entries += [(259, 3, 1), (262, 3, 1), (273, 4, 0), (277, 3, 1), (278, 4, 40)]
+    entries += [(279, 4, len(pixels))]
+    data_at = 8 + 2 + 12 * len(entries) + 4
+    ifd = struct.pack("<H", len(entries))
+    for tag, typ, value in entries:
+        value = data_at if tag == 273 else value
+        packed = (
+            struct.pack("<HH", value, 0)
+            if typ == 3
+            else struct.pack("<i" if typ == 9 else "<I", value)
+        )
+        ifd += struct.pack("<HHI", tag, typ, 1) + packed
+    data = b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0) + pixels
+    from gpu_loader.ops._formats import header_size
+
+    assert header_size(data, "tiff") == (20, 20)
+    with pytest.raises(DecodeError, match="40x40 = 1,600 pixels exceeds max_pixels=1,000"):
+        decode(data, key="two-sizes.tif", max_pixels=1000)
+    assert decode(data, max_pixels=2000).array.shape == (40, 40, 3)
+    assert Image.MAX_IMAGE_PIXELS == 100
+
+
+def test_a_child_forked_during_a_lifted_decode_gets_pillows_limit_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpu_loader.ops._decode as dec
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # as a lifted decode leaves it
+    monkeypatch.setattr(dec, "_lifts", 1)
+    monkeypatch.setattr(dec, "_pillow_limit", 12345)
+    dec._reset_lift_in_child()  # what os.register_at_fork runs in the child
+    assert Image.MAX_IMAGE_PIXELS == 12345 and dec._lifts == 0
+    assert not dec._lift_lock.locked()
