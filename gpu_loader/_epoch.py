@@ -328,6 +328,12 @@ class EpochBase:
                     self.stop_feeding()
             self.finished = True
             loader._epoch_finished()
+        except Exception:
+            # Stopped from another thread (set_epoch, close, load_state_dict) while this
+            # one started its threads or monitor: whatever that broke, say why.
+            if (stopped := self.stopped_error()) is not None:
+                raise stopped from None
+            raise
         finally:
             try:
                 if in_wait:  # the threads did not start, or the epoch was stopped meanwhile
@@ -375,11 +381,17 @@ class EpochBase:
                 "this epoch's iterator was made in another process (before a fork): its "
                 "threads did not come with it; iterate the loader again in this process"
             )
-        if self.stopped_because is not None:
-            raise RuntimeError(
-                f"this epoch's iterator was stopped: {self.stopped_because}. An ImageLoader "
-                "runs one epoch at a time; iterate it again (after set_epoch) for the next"
-            )
+        if (stopped := self.stopped_error()) is not None:
+            raise stopped
+
+    def stopped_error(self) -> RuntimeError | None:
+        """The error a stopped epoch's iterator raises, None while it may run."""
+        if self.stopped_because is None:
+            return None
+        return RuntimeError(
+            f"this epoch's iterator was stopped: {self.stopped_because}. An ImageLoader "
+            "runs one epoch at a time; iterate it again (after set_epoch) for the next"
+        )
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Context manager that starts the pipelines and stops them on exit."""

@@ -321,6 +321,9 @@ class ImageLoader:
         self._epoch_done = False
         self._explicit_epoch = False
         self._stop_epoch("a new iteration over the loader started")
+        if self._resume is None:  # a fresh pass: it replaces an earlier, cut-short one's records
+            with self._lock:
+                self._failed = [f for f in self._failed if f.epoch != self.sampler.epoch]
         epoch: EpochBase
         if self._decode_on_gpu():
             from gpu_loader._gpu_epoch import GpuEpoch
@@ -414,14 +417,14 @@ class ImageLoader:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
 
     def failed_samples(self) -> list[FailedSample]:
-        """Every sample not delivered so far, with its key, stage and error: once per
-        (key, stage, epoch), also when an epoch was cut short and run again."""
+        """Every sample not delivered so far, with its key, stage and error. An epoch run
+        again from its start replaces the records of its earlier (cut-short) pass."""
         active = self._epoch()
         with self._lock:  # an epoch's records move into `_failed` under this lock
             done = list(self._failed)
             if active is not None and not active.reported:
                 done += active.failures()
-        return _once(done)
+        return done
 
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
@@ -561,7 +564,7 @@ class ImageLoader:
         batcher_stats: BatcherStats,
     ) -> None:
         with self._lock:
-            self._failed = _once([*self._failed, *records])
+            self._failed.extend(records)
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`
             self._last_engine_stats = engine_stats
             self._last_batcher_stats = batcher_stats
@@ -574,17 +577,6 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
-
-
-def _once(records: list[FailedSample]) -> list[FailedSample]:
-    """``records`` without repeats of a (key, stage, epoch), first report kept."""
-    seen: set[tuple[str, str, int]] = set()
-    out = []
-    for r in records:
-        if (r.key, r.stage, r.epoch) not in seen:
-            seen.add((r.key, r.stage, r.epoch))
-            out.append(r)
-    return out
 
 
 def _resolve_device(device: str) -> torch.device:

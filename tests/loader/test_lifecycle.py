@@ -128,3 +128,38 @@ def test_a_restarted_epoch_lists_each_bad_file_once(bad_list: tuple[FileList, se
 def test_pickling_a_loader_says_what_to_send_instead(unique_list: FileList) -> None:
     with pytest.raises(TypeError, match=r"cannot be pickled.*send its source, transform"):
         pickle.dumps(make(unique_list))
+
+
+def test_a_file_listed_twice_fails_twice(bad_list: tuple[FileList, set[str]]) -> None:
+    items, bad = bad_list
+    key = sorted(bad)[0]
+    twice = FileList([(items.key(i), i) for i in range(len(items))] + [(key, 999)])
+    loader = make(twice, max_failures=None)
+    delivered = sum(len(y) for _, y in loader)
+    failed = loader.failed_samples()
+    assert delivered + len(failed) == len(twice)  # every sample delivered or reported
+    assert [f.key for f in failed].count(key) == 2
+
+
+def test_set_epoch_from_another_thread_during_start_up_says_why(unique_list: FileList) -> None:
+    # Whatever the stop broke in the start-up (its threads, its monitor), the iterator
+    # says it was stopped, not what broke.
+    for _ in range(8):
+        loader = make(unique_list)
+        errors: list[BaseException] = []
+
+        def consume(it: Any, errors: list[BaseException]) -> None:
+            try:
+                for _ in it:
+                    pass
+            except Exception as exc:
+                errors.append(exc)
+
+        consumer = threading.Thread(target=consume, args=(iter(loader), errors))
+        consumer.start()
+        loader.set_epoch(1)
+        consumer.join(30)
+        assert len(errors) <= 1
+        if errors:
+            assert "this epoch's iterator was stopped: set_epoch(1)" in str(errors[0])
+        assert sorted(int(v) for _, y in loader for v in y) == list(range(len(unique_list)))
