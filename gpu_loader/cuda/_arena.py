@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpu_loader.sources import BufferTooSmallError
+from gpu_loader.sources._io import check_size
 
 if TYPE_CHECKING:
     from gpu_loader.sources import SampleIndex
@@ -121,6 +122,9 @@ class PinnedArena:
         self._live = 0
         self._acquires = 0
         self._waits = 0
+        self.overflow_warned = False
+        """Whether a fetch has said that it read outside this arena (said once per arena:
+        the loader keeps its arena across epochs)."""
         self._generation = 0  # bumped by reset(): older slices are then already given back
 
     def _allocate(self) -> np.ndarray:
@@ -255,6 +259,8 @@ class PinnedArena:
         the read fails.
         """
         known = source.nbytes(index)
+        if known is not None:
+            check_size(key, known)  # the byte limit first: not after waiting for room
         want = known if known is not None else min(guess, self.capacity)
         for _ in range(2):
             piece = self.acquire(max(want, 1), timeout=timeout, stop_event=stop_event, key=key)
@@ -263,6 +269,7 @@ class PinnedArena:
             except BufferTooSmallError as exc:
                 self.release(piece)
                 want = exc.nbytes  # the exact size, learnt from the failed read
+                check_size(key, want)
                 continue
             except BaseException:
                 self.release(piece)

@@ -207,7 +207,7 @@ class GpuFetcher:
                 raise
             with self._overflow_lock:
                 self.overflows += 1
-                first = self.overflows == 1
+                first, self.arena.overflow_warned = not self.arena.overflow_warned, True
             if first:
                 _log.warning(
                     "no room in the %d-byte pinned arena for %.1f s: reading %r and any "

@@ -10,6 +10,7 @@ import pytest
 
 from gpu_loader.cuda._arena import ALIGN, ArenaTooSmallError, PinnedArena
 from gpu_loader.sources import FileList
+from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
 
 
 def test_slices_are_aligned_disjoint_and_reused() -> None:
@@ -199,6 +200,32 @@ def test_fetch_refuses_a_file_larger_than_the_arena(tmp_path) -> None:  # type: 
     arena = PinnedArena(4 * ALIGN)
     with pytest.raises(ArenaTooSmallError, match=r"huge\.jpg"):
         arena.fetch(FileList([(tmp_path / "huge.jpg", 0)]), 0, key=str(tmp_path / "huge.jpg"))
+    assert arena.stats().live_slices == 0
+
+
+def test_the_byte_limit_is_checked_before_waiting_for_room(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # As on the CPU path, and at once: not after a wait for arena room (3 blocks, the
+    # arena full), nor reported as too large for the arena (8 blocks).
+    arena = PinnedArena(4 * ALIGN)
+    held = arena.acquire(4 * ALIGN)  # the arena is full
+    limit = max_file_bytes()
+    set_max_file_bytes(2 * ALIGN)
+    try:
+        for blocks in (3, 8):
+            path = tmp_path / f"big{blocks}.jpg"
+            path.write_bytes(b"\0" * (blocks * ALIGN))
+            start = time.monotonic()
+            with pytest.raises(ValueError, match=rf"big{blocks}\.jpg.* over the .*-byte limit"):
+                arena.fetch(FileList([(path, 0)]), 0, key=str(path), timeout=5)
+            assert time.monotonic() - start < 1.0
+        held.release()
+        held = arena.acquire(3 * ALIGN)  # room for a first guess: the size is learnt by a read
+        path = tmp_path / "big3.jpg"
+        with pytest.raises(ValueError, match="-byte limit"):
+            arena.fetch(_NoSizes([(path, 0)]), 0, key=str(path), guess=ALIGN, timeout=5)
+    finally:
+        set_max_file_bytes(limit)
+        held.release()
     assert arena.stats().live_slices == 0
 
 
