@@ -131,6 +131,10 @@ class EpochBase:
         if resume is not None:
             self.batcher.load_state_dict(resume)
         self.received = Received(self.batcher, resume)
+        self.restored = self.restored_failures()
+        """Samples that failed before the checkpoint this epoch resumed from: the state
+        keeps their positions, not their errors (the loader keeps the real records when
+        it still has them)."""
         self.todo = self.batcher.remaining_positions()
         # (D + 1) * B lets fast samples run ahead by the full lateness bound; the batching
         # README shows a smaller window can deadlock.
@@ -165,6 +169,15 @@ class EpochBase:
             index = int(self.indices[position])
             self.batcher.started(position)
             yield Task(position, index, index_of(index))
+
+    def restored_failures(self) -> list[FailedSample]:
+        failed = self.received.ledger.failed_positions()
+        key = self.loader.source.key
+        note = "failed before the checkpoint this epoch resumed from (its error is not saved)"
+        return [
+            FailedSample(key(int(self.indices[p])), "before resume", note, self.epoch)
+            for p in failed
+        ]
 
     def backpressure_s(self) -> float:
         return self.window_wait_s
@@ -711,7 +724,7 @@ class CpuEpoch(EpochBase):
 
     # -- failures and shutdown -------------------------------------------------------------
     def failures(self) -> list[FailedSample]:
-        return [as_failed(r, self.epoch) for r in self.pipeline.failures()]
+        return self.restored + [as_failed(r, self.epoch) for r in self.pipeline.failures()]
 
     def engine_stats(self) -> Any:
         return self.pipeline.stats()

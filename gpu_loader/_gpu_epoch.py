@@ -212,7 +212,7 @@ class GpuEpoch(EpochBase):
             # not a bad sample.
             if not isinstance(r.error, InterruptedError)
         ]
-        return fetched + gpu
+        return self.restored + fetched + gpu
 
     def engine_stats(self) -> GpuEngineStats:
         stages = (*self.fetch_pipeline.stats().stages, *self.decode_pipeline.stats().stages[1:])

@@ -331,6 +331,16 @@ class ImageLoader:
             epoch = GpuEpoch(self, self._resume)
         else:
             epoch = CpuEpoch(self, self._resume)
+        with self._lock:
+            if self._resume is not None:
+                # A resumed pass: the records of this epoch this loader still has for the
+                # samples the state lists as failed stay (their real errors); others of
+                # this epoch belonged to a pass past the checkpoint, which this replaces.
+                restored = {f.key for f in epoch.restored}
+                same = self.sampler.epoch
+                self._failed = [f for f in self._failed if f.epoch != same or f.key in restored]
+                have = {f.key for f in self._failed if f.epoch == same}
+                epoch.restored = [f for f in epoch.restored if f.key not in have]
         self._resume = None
         self._restored = False
         self._active = weakref.ref(epoch)

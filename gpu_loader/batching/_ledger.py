@@ -93,6 +93,10 @@ class Ledger:
         """``[[start, stop], ...]`` half-open ranges of positions with status ``code``."""
         return [[m.start(), m.end()] for m in _RUN[code].finditer(self.status)]
 
+    def failed_positions(self) -> list[int]:
+        """The positions marked failed, in order."""
+        return [p for p, code in enumerate(self.status) if code == FAILED]
+
     def to_state(self, mode: str, batches: int) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT,

@@ -163,3 +163,30 @@ def test_set_epoch_from_another_thread_during_start_up_says_why(unique_list: Fil
         if errors:
             assert "this epoch's iterator was stopped: set_epoch(1)" in str(errors[0])
         assert sorted(int(v) for _, y in loader for v in y) == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_failures_before_the_checkpoint_are_reported_after_resume(
+    bad_list: tuple[FileList, set[str]], batching: str
+) -> None:
+    items, bad = bad_list
+    saver = make(items, max_failures=None, batching=batching)
+    it = iter(saver)
+    got = [int(v) for _ in range(5) for v in next(it)[1]]  # past the first bad files
+    state = saver.state_dict()
+    before = {f.key: f for f in saver.failed_samples()}
+    assert before and set(before) <= bad
+    # A new process: the state keeps the failed positions, not their errors.
+    fresh = make(items, max_failures=None, batching=batching)
+    fresh.load_state_dict(state)
+    got += [int(v) for _, y in fresh for v in y]
+    failed = fresh.failed_samples()
+    assert sorted(got) == sorted(range(30))  # the good samples, once each
+    assert {f.key for f in failed} == bad and len(failed) == len(bad)
+    assert {f.key for f in failed if f.stage == "before resume"} == set(before)
+    # The same loader: its own records for those samples, with their errors, are kept.
+    saver.load_state_dict(state)
+    for _ in saver:
+        pass
+    kept = {f.key: f for f in saver.failed_samples() if f.key in before}
+    assert {k: f.stage for k, f in kept.items()} == {k: f.stage for k, f in before.items()}
