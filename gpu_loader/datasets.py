@@ -189,8 +189,9 @@ def _progress(
 ) -> Iterable[tuple[str, bytes, tuple[str, ...]]]:
     if not enabled:
         return items
-    isatty = getattr(sys.stderr, "isatty", None)
-    if not (callable(isatty) and isatty()):
+    from gpu_loader.monitor._progress import is_terminal
+
+    if not is_terminal(sys.stderr):
         return _progress_lines(items, total)  # a log file gets lines, not a bar's updates
     from tqdm import tqdm
 

@@ -41,6 +41,12 @@ def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
     return " ".join(parts)
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a bar redraws there; elsewhere, plain lines)."""
+    isatty = getattr(stream, "isatty", None)
+    return callable(isatty) and bool(isatty())
+
+
 LINE_INTERVAL_S = 10.0
 """Default seconds between progress lines when the output is not a terminal."""
 
@@ -74,9 +80,7 @@ class ProgressReporter:
         self.desc = desc
         self.unit = unit
         if lines is None:
-            stream = file if file is not None else sys.stderr
-            isatty = getattr(stream, "isatty", None)
-            lines = not (callable(isatty) and isatty())
+            lines = not is_terminal(file if file is not None else sys.stderr)
         self.lines = lines
         if min_interval_s is None:
             min_interval_s = LINE_INTERVAL_S if lines else 0.5
