@@ -417,6 +417,12 @@ class EpochBase:
 
     # -- failures and shutdown -----------------------------------------------------------
     def failures(self) -> list[FailedSample]:
+        """Every sample of this epoch not delivered: those restored from the resume
+        state, then the path's own records."""
+        return self.restored + self.stage_failures()
+
+    def stage_failures(self) -> list[FailedSample]:
+        """This pass's failures, as the path's stages recorded them."""
         raise NotImplementedError
 
     def engine_stats(self) -> Any:
@@ -723,8 +729,8 @@ class CpuEpoch(EpochBase):
         return images, labels, positions
 
     # -- failures and shutdown -------------------------------------------------------------
-    def failures(self) -> list[FailedSample]:
-        return self.restored + [as_failed(r, self.epoch) for r in self.pipeline.failures()]
+    def stage_failures(self) -> list[FailedSample]:
+        return [as_failed(r, self.epoch) for r in self.pipeline.failures()]
 
     def engine_stats(self) -> Any:
         return self.pipeline.stats()

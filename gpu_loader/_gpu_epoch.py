@@ -202,7 +202,7 @@ class GpuEpoch(EpochBase):
             )
 
     # -- failures and shutdown ---------------------------------------------------------
-    def failures(self) -> list[FailedSample]:
+    def stage_failures(self) -> list[FailedSample]:
         with self.gpu_failures_lock:
             gpu = list(self.gpu_failures)
         fetched = [
@@ -212,7 +212,7 @@ class GpuEpoch(EpochBase):
             # not a bad sample.
             if not isinstance(r.error, InterruptedError)
         ]
-        return self.restored + fetched + gpu
+        return fetched + gpu
 
     def engine_stats(self) -> GpuEngineStats:
         stages = (*self.fetch_pipeline.stats().stages, *self.decode_pipeline.stats().stages[1:])

@@ -321,9 +321,6 @@ class ImageLoader:
         self._epoch_done = False
         self._explicit_epoch = False
         self._stop_epoch("a new iteration over the loader started")
-        if self._resume is None:  # a fresh pass: it replaces an earlier, cut-short one's records
-            with self._lock:
-                self._failed = [f for f in self._failed if f.epoch != self.sampler.epoch]
         epoch: EpochBase
         if self._decode_on_gpu():
             from gpu_loader._gpu_epoch import GpuEpoch
@@ -332,15 +329,14 @@ class ImageLoader:
         else:
             epoch = CpuEpoch(self, self._resume)
         with self._lock:
-            if self._resume is not None:
-                # A resumed pass: the records of this epoch this loader still has for the
-                # samples the state lists as failed stay (their real errors); others of
-                # this epoch belonged to a pass past the checkpoint, which this replaces.
-                restored = {f.key for f in epoch.restored}
-                same = self.sampler.epoch
-                self._failed = [f for f in self._failed if f.epoch != same or f.key in restored]
-                have = {f.key for f in self._failed if f.epoch == same}
-                epoch.restored = [f for f in epoch.restored if f.key not in have]
+            # This pass replaces the records of earlier passes over this epoch, but for
+            # the samples its resume state lists as failed (none in a fresh pass): their
+            # records stay, with their real errors, and are not restored again.
+            restored = {f.key for f in epoch.restored}
+            same = self.sampler.epoch
+            self._failed = [f for f in self._failed if f.epoch != same or f.key in restored]
+            have = {f.key for f in self._failed if f.epoch == same}
+            epoch.restored = [f for f in epoch.restored if f.key not in have]
         self._resume = None
         self._restored = False
         self._active = weakref.ref(epoch)
