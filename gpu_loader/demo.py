@@ -78,7 +78,7 @@ def run_demo(
         "",
         format_summary(stats),
     ]
-    if (reading := _reading(stats.samples_per_s, stats.stall_fraction, batch_size, step_s)) != "":
+    if reading := _reading(stats.samples_per_s, stats.stall_fraction, batch_size, step_s):
         lines += ["", reading]
     if failed:
         lines += ["", f"failed samples ({len(failed)}):"]

@@ -7,6 +7,7 @@ import logging
 import os
 import posixpath
 from collections.abc import Sequence
+from pathlib import PurePath
 
 import numpy as np
 
@@ -126,19 +127,12 @@ def _scan_local(
 def _folders_above(root: str) -> frozenset[tuple[int, int]]:
     """``(device, inode)`` of ``root`` and of every folder above it, up to ``/``."""
     found = set()
-    for folder in (os.path.abspath(root), *_parents(os.path.abspath(root))):
+    start = PurePath(os.path.abspath(root))
+    for folder in (start, *start.parents):
         with contextlib.suppress(OSError):
             info = os.stat(folder)
             found.add((info.st_dev, info.st_ino))
     return frozenset(found)
-
-
-def _parents(path: str) -> list[str]:
-    out = []
-    while (parent := os.path.dirname(path)) != path:
-        out.append(parent)
-        path = parent
-    return out
 
 
 def _walk(top: str, above: frozenset[tuple[int, int]]) -> list[tuple[str, list[str]]]:
