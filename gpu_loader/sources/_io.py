@@ -174,13 +174,31 @@ def read_file(key: str, location: str) -> bytes:
             with open_regular(key, path) as f:
                 check_size(key, os.fstat(f.fileno()).st_size)
                 return f.readall()
-        fs, inner = fsspec_fs(location)
-        return fs.cat_file(inner)  # type: ignore[no-any-return]
+        return _read_url_capped(key, location)
     except FileNotFoundError:
         raise not_found(key, location) from None
     except OSError as exc:
         add_key_note(exc, key)
         raise
+
+
+def _read_url_capped(key: str, location: str) -> bytes:
+    """A whole file through fsspec, refused once it passes the byte limit.
+
+    A size request per sample would cost a round trip on object stores, so the read asks
+    for one byte more than the limit (a ranged read) and refuses what reaches it.
+    """
+    fs, inner = fsspec_fs(location)
+    limit = _max_file_bytes
+    if limit is None:
+        return fs.cat_file(inner)  # type: ignore[no-any-return]
+    data: bytes = fs.cat_file(inner, start=0, end=limit + 1)
+    if len(data) > limit:
+        raise ValueError(
+            f"sample {key!r} is more than {limit:,} bytes, the limit for one sample; "
+            "gpu_loader.sources.set_max_file_bytes(n) raises it"
+        )
+    return data
 
 
 def readinto_file(key: str, location: str, buf: Buffer) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpu_loader.sources import BufferTooSmallError, ImageFolder, SampleIndex
-from gpu_loader.sources._io import set_max_file_bytes
+from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
 from tests.sources.conftest import TREE_EXPECTED, copy_to_memory
 
 
@@ -184,6 +184,28 @@ def test_a_file_over_the_byte_limit_is_refused_before_reading(tree: Path) -> Non
         index.readinto(i, bytearray(16))
     with pytest.raises(ValueError, match="an int >= 1 or None"):
         set_max_file_bytes(0)
+
+
+def test_a_url_over_the_byte_limit_is_refused_with_its_key(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    url = copy_to_memory(memfs[0], tree, memfs[1])
+    index = ImageFolder(url)
+    sizes = [len(index.read(i)) for i in range(len(index))]
+    big = max(range(len(index)), key=sizes.__getitem__)
+    small = min(range(len(index)), key=sizes.__getitem__)
+    limit = max_file_bytes()
+    set_max_file_bytes(sizes[big] - 1)
+    try:
+        with pytest.raises(ValueError, match=rf"{re.escape(repr(index.key(big)))} is more than"):
+            index.read(big)
+        with pytest.raises(ValueError, match="set_max_file_bytes"):
+            index.readinto(big, bytearray(sizes[big]))
+        assert index.read(small) == (tree / TREE_EXPECTED[small][0]).read_bytes()
+        set_max_file_bytes(sizes[big])  # exactly at the limit: read whole
+        assert len(index.read(big)) == sizes[big]
+    finally:
+        set_max_file_bytes(limit)
 
 
 def test_a_symlinked_folder_looping_back_is_not_entered(
