@@ -2,7 +2,7 @@
 
 JPEG (YCbCr / grayscale) goes through simplejpeg (libjpeg-turbo, GIL released) straight into an
 RGBX buffer: Pillow can map that layout without a copy, which the resize step relies on.
-PNG/WebP/BMP/GIF/TIFF go through OpenCV (GIL released), CMYK/YCCK JPEGs and anything OpenCV
+PNG/WebP/BMP go through OpenCV (GIL released); GIF/TIFF, CMYK/YCCK JPEGs and anything OpenCV
 refuses through Pillow. The pixel count is checked from the header before any pixel buffer is
 allocated, so a decompression bomb costs a few bytes of parsing, not gigabytes.
 """
@@ -22,6 +22,7 @@ import numpy as np
 
 from gpu_loader.ops._formats import (
     Format,
+    bmp_damage,
     header_size,
     jpeg_chroma_ratio,
     jpeg_header,
@@ -29,6 +30,7 @@ from gpu_loader.ops._formats import (
     orientation_swaps_axes,
     png_damage,
     sniff,
+    webp_damage,
 )
 from gpu_loader.ops._transforms import CropParams
 
@@ -284,15 +286,21 @@ def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
 def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: int) -> DecodedImage:
     import cv2
 
+    if fmt == "bmp" and (reason := bmp_damage(buf)) is not None:
+        raise _fail(key, f"truncated BMP: {reason}")
+    if fmt == "webp" and (reason := webp_damage(buf)) is not None:
+        raise _fail(key, f"truncated WebP: {reason}")
     size = header_size(buf, fmt)
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     _check_pixels(key, size[0], size[1], max_pixels)
     pixels = size[0] * size[1]
-    if fmt == "tiff":
-        # Pillow, as before the size was read here: OpenCV premultiplies RGBA TIFFs by
-        # their alpha and warns on stderr about tags it does not know.
+    if fmt in ("tiff", "gif"):
+        # Pillow: OpenCV premultiplies RGBA TIFFs by their alpha and warns on stderr about
+        # tags it does not know; its GIF codec (OpenCV 4.11+, absent from older builds)
+        # prints an error line for a cut GIF, which Pillow reports as truncated.
         return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
+
     if fmt == "png":
         damage, complete = png_damage(buf)
         if damage is not None:

@@ -132,6 +132,46 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
     return None, None  # too many chunks to walk: as if complete
 
 
+def bmp_damage(data: bytes | memoryview) -> str | None:
+    """Why an uncompressed BMP cannot be decoded (it ends before its pixel rows do), or
+    None when its rows are all there or the layout is not one judged here (compressed
+    rows, odd headers: the decoder has the last word).
+
+    Checked before decoding because OpenCV prints an error line to stderr for a cut BMP
+    before giving up, which a loader that reports the file by key should not repeat.
+    """
+    view = memoryview(data)
+    if len(view) < 26:
+        return f"it ends inside its header (file size {len(view):,})"
+    (offset,) = struct.unpack("<I", view[10:14])
+    (header,) = struct.unpack("<I", view[14:18])
+    if header == 12:  # OS/2 BITMAPCOREHEADER: unsigned 16-bit sides, no compression
+        width, height, _planes, bits = struct.unpack("<HHHH", view[18:26])
+        compression = 0
+    elif header >= 40 and len(view) >= 34:
+        width, height, _planes, bits, compression = struct.unpack("<iiHHI", view[18:34])
+    else:
+        return None
+    if compression not in (0, 3, 6) or bits not in (1, 4, 8, 16, 24, 32) or width <= 0:
+        return None  # RLE or embedded JPEG/PNG rows: their length is not known up front
+    rows = -(-width * bits // 32) * 4
+    needed = offset + rows * abs(height)
+    if len(view) < needed:
+        return f"it ends at byte {len(view):,}, inside its pixel rows ({needed:,} bytes needed)"
+    return None
+
+
+def webp_damage(data: bytes | memoryview) -> str | None:
+    """Why a WebP cannot be decoded (it ends before the length its RIFF header gives), or
+    None. Checked before decoding because OpenCV prints an error line for a WebP cut
+    inside its header."""
+    view = memoryview(data)  # sniffed as WebP: 12 bytes at least
+    total = int.from_bytes(view[4:8], "little") + 8
+    if len(view) < total:
+        return f"it ends at byte {len(view):,}, before the {total:,} bytes its RIFF header gives"
+    return None
+
+
 def _chunk_name(kind: bytes) -> str:
     """A PNG chunk type for a message: its letters, or hex when they are not letters."""
     return kind.decode("latin-1") if kind.isalpha() else kind.hex()

@@ -176,6 +176,58 @@ def test_a_png_without_its_end_trailer_still_decodes(
     assert capfd.readouterr().err == ""
 
 
+def bmp_top_down(data: bytes) -> bytes:
+    """The same BMP with its rows stored top first (a negative height), rows reversed."""
+    (offset,) = struct.unpack("<I", data[10:14])
+    width, height = struct.unpack("<ii", data[18:26])
+    (bits,) = struct.unpack("<H", data[28:30])
+    stride = -(-width * bits // 32) * 4
+    rows = [data[offset + r * stride : offset + (r + 1) * stride] for r in range(height)]
+    return data[:22] + struct.pack("<i", -height) + data[26:offset] + b"".join(rows[::-1])
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "P", "1"])
+def test_a_cut_bmp_is_named_without_decoder_noise(
+    image: np.ndarray, mode: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).convert(mode).save(buf, "BMP")
+    data = buf.getvalue()
+    for whole in (data, bmp_top_down(data), data + b"trailing"):
+        np.testing.assert_array_equal(decode(whole).array, pillow_rgb(data))
+    for cut in (20, len(data) // 2, len(data) - 1):
+        with pytest.raises(DecodeError, match="truncated BMP: it ends") as info:
+            decode(data[:cut], key="cut.bmp")
+        assert "'cut.bmp'" in str(info.value)
+    assert capfd.readouterr().err == ""  # OpenCV would print "imdecode_(''): can't read data"
+
+
+def test_a_cut_gif_is_reported_by_pillow_without_decoder_noise(
+    image: np.ndarray, capfd: pytest.CaptureFixture[str]
+) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "GIF")
+    with pytest.raises(DecodeError, match="truncated") as info:
+        decode(buf.getvalue()[:-200], key="cut.gif")
+    assert "'cut.gif'" in str(info.value)
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("lossless", [False, True])
+def test_a_cut_webp_is_named_without_decoder_noise(
+    image: np.ndarray, lossless: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "WEBP", lossless=lossless)
+    data = buf.getvalue()
+    for cut in (16, 30, len(data) // 2, len(data) - 1):  # 30: inside OpenCV's header read
+        with pytest.raises(DecodeError, match="truncated WebP: it ends") as info:
+            decode(data[:cut], key="cut.webp")
+        assert "'cut.webp'" in str(info.value)
+    np.testing.assert_array_equal(decode(data + b"trailing").array, decode(data).array)
+    assert capfd.readouterr().err == ""
+
+
 def test_corrupt_jpeg_body_raises(image: np.ndarray) -> None:
     data = bytearray(jpeg(image))
     data[len(data) // 2 : len(data) // 2 + 200] = b"\xff\xd9" * 100  # EOI markers mid-scan
