@@ -9,7 +9,8 @@ few-second run would otherwise mostly measure.
 - ``stage_cuda``: gpu_loader's GPU batch stage built directly (pinned arena fetch ->
   nvImageCodec batch decode on per-thread streams -> fused kernel -> hand-off);
 - ``loader_cuda``: ``ImageLoader(device="cuda")`` as the loader currently wires it;
-- ``loader_cpu_h2d``: ``ImageLoader(device="cpu")`` (pinned) + ``.to("cuda", non_blocking=True)``;
+- ``loader_cpu_h2d``: ``ImageLoader(device="cpu")`` with ``pin_memory=True`` +
+  ``.to("cuda", non_blocking=True)``;
 - ``dali_gpu``: DALI with ``fn.decoders.image(device="mixed")`` and GPU resize/normalise.
 
 Without a usable CUDA device it prints that it needs one and exits 0 (nothing written).

@@ -11,6 +11,7 @@ The GPU path (`gpu_loader._gpu_epoch`) decodes whole batches on the device inste
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import os
 import threading
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from gpu_loader.batching import BatcherStats
     from gpu_loader.cuda import GpuPorts, PinnedArena, WorkerPool
     from gpu_loader.monitor import LoaderStats
+
+_log = logging.getLogger("gpu_loader")
 
 Batching = Literal["ordered", "straggler"]
 DecodeOn = Literal["auto", "cpu", "gpu"]
@@ -74,7 +77,10 @@ class LoaderOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     pin_memory: bool | None = None
-    """Pin CPU batches when CUDA is usable (default: yes when the device is CUDA)."""
+    """Pin the CPU path's batch tensors, so copies to a GPU are faster and asynchronous.
+    Default (None): yes when the device is CUDA. With ``device="cpu"``, True pins them for
+    the training loop's own ``.to("cuda", non_blocking=True)``, as DataLoader's
+    ``pin_memory`` does (logged and ignored when torch sees no CUDA device)."""
     progress: bool = False
     """Show a live progress bar (img/s, stall %, GPU util, bottleneck)."""
     monitor_gpu: bool = True
@@ -234,6 +240,7 @@ class ImageLoader:
                 f"{source!r} has no samples to load (an empty folder, list or shard set?)"
             )
         self.device = _resolve_device(device)
+        self._pin = _pin_batches(self.device, self.options.pin_memory)
         self.sampler = Sampler(
             len(source),
             shuffle=shuffle,
@@ -513,9 +520,7 @@ class ImageLoader:
 
     def _pin_batches(self) -> bool:
         """Pin CPU batches that will be copied to a CUDA device (faster, asynchronous)."""
-        if self.device.type != "cuda":
-            return False
-        return self.options.pin_memory is not False
+        return self._pin
 
     def _batch_pool(self) -> BatchPool:
         """CPU batch tensors recycled across batches and epochs (see `_batch_pool`)."""
@@ -604,6 +609,20 @@ def _resolve_device(device: str) -> torch.device:
             "use device='cpu' or device='auto'"
         )
     return resolved
+
+
+def _pin_batches(device: torch.device, pin_memory: bool | None) -> bool:
+    """Whether the CPU path's batch tensors are pinned (`LoaderOptions.pin_memory`)."""
+    if device.type == "cuda":
+        return pin_memory is not False
+    if not pin_memory:
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    _log.warning("pin_memory=True has no effect here: torch sees no CUDA device")
+    return False
 
 
 def _default_io_threads(source: SampleIndex) -> int:

@@ -187,6 +187,7 @@ class FailurePolicy:
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
         return limit_failure(
             f"stage {self._stage!r}: {_describe_limit(limit)} ({detail}); "
-            f"raise `max_failures` to tolerate more, see Pipeline.failures() for all records",
+            "raise `max_failures` to tolerate more; every failure is recorded "
+            "(Pipeline.failures(), or failed_samples() on an ImageLoader)",
             causes,
         )

@@ -26,8 +26,9 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 def sample_stream(seed: int, epoch: int, index: int) -> SampleStream:
     """The stream `sample_rng` gives, as its key only: `TrainTransform.make_params` draws
-    from it in C with the native extension (the same numbers, without the ~9 us numpy
-    Generator), and through `generator()` otherwise."""
+    from it in C with the native extension (the same numbers, without building numpy's
+    Generator: 4 us per sample for key and parameters, against 22 us), and through
+    `generator()` otherwise."""
     _check("seed", seed, _SEED_BITS)
     _check("epoch", epoch, _EPOCH_BITS)
     _check("index", index, _INDEX_BITS)
