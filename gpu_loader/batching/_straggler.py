@@ -32,6 +32,9 @@ class StragglerBatcher(BatcherBase[T]):
     * Every kept position is delivered exactly once or reported failed. Once all of them
       have completed, the tail is emitted, the last batch short when ``n - failed`` is not a
       multiple of ``B``.
+    * Failures do not change the number of batches (ranks of a distributed job must step
+      together): batches are cut below ``B`` where needed so that every nominal batch is
+      still emitted, while at least as many samples are left as batches owed.
     * ``drop_last=True`` drops the nominal short last batch, as in ordered mode: positions
       ``>= n - n % B`` are not part of the epoch (reported in ``stats().dropped``, not
       failed; the loader must not start them). The set of delivered samples is thus the
@@ -69,11 +72,15 @@ class StragglerBatcher(BatcherBase[T]):
             heapq.heappush(self._heap, position)
 
     def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
-        heap, ledger, size = self._heap, self._ledger, self.plan.batch_size
+        heap, ledger = self._heap, self._ledger
+        size = self._target_size()
         if not heap or (len(heap) < size and not ledger.done):
             return None
         low = ledger.low()
-        if low < ledger.highwater and low // size + self._max_delay <= self._emitted:
+        if (
+            low < ledger.highwater
+            and low // self.plan.batch_size + self._max_delay <= self._emitted
+        ):
             return None  # emitting now would push `low` past its bound: wait for it
         # The batch's largest position, only when the caller restricts what it may skip:
         # pop runs after every completion, and a free pop needs no look at the heap.
@@ -87,3 +94,21 @@ class StragglerBatcher(BatcherBase[T]):
         # Smallest positions first is earliest-deadline-first: while the bound above holds
         # for every incomplete position, it also holds for the ready ones left out.
         return [heapq.heappop(heap) for _ in range(min(size, len(heap)))]
+
+    def _target_size(self) -> int:
+        """``B``, or fewer so that every batch still owed this epoch can have a sample.
+
+        Failures must not change how many batches an epoch yields: ranks of a distributed
+        job step together, and one yielding a batch fewer leaves the others waiting in a
+        collective. The samples left (ready or still running) are spread so that each
+        owed batch gets at least one; only when fewer samples are left than batches owed
+        does the epoch end short.
+        """
+        ledger, size = self._ledger, self.plan.batch_size
+        left = len(ledger.status) - ledger.delivered - ledger.failed
+        owed = self.plan.num_batches - self._emitted
+        if owed <= 1 or left < owed or left - owed + 1 >= size:
+            return size
+        # Never below the ready samples due in this batch: the lateness bound comes first.
+        due = (self._emitted - self._max_delay + 1) * size  # positions below it are due now
+        return max(left - owed + 1, sum(p < due for p in self._heap))

@@ -54,6 +54,24 @@ def run_straggler(s: dict[str, object]):  # type: ignore[no-untyped-def]
     return batcher, run
 
 
+@pytest.mark.parametrize("bad", range(8))
+def test_a_failure_known_in_time_does_not_cost_a_batch(bad: int) -> None:
+    # One rank's 9 samples in batches of 4: [4, 4, 1]. Re-packing the 8 good ones as
+    # [4, 4] gave this rank a batch fewer than its peers, and a distributed job hung.
+    batcher: StragglerBatcher[int] = StragglerBatcher(4, 9, max_delay_batches=2)
+    sizes = []
+    for p in range(9):
+        if p == bad:
+            batcher.fail(p)
+        else:
+            batcher.push(p, p)
+        while (batch := batcher.pop()) is not None:
+            sizes.append(len(batch))
+    sizes += [len(b) for b in batcher.pop_final()]
+    assert len(sizes) == batcher.plan.num_batches == 3 and sum(sizes) == 8
+    assert sizes[0] == 4 or bad < 4  # full batches while the samples left allow it
+
+
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_exactly_once_and_bounded_delay_under_heavy_tails(s: dict[str, object]) -> None:
@@ -62,9 +80,15 @@ def test_exactly_once_and_bounded_delay_under_heavy_tails(s: dict[str, object]) 
     check_exactly_once(run, batcher.plan.num_kept)
     assert all(count == 1 for count in run.calls.values())
     assert [b.index for b in run.batches] == list(range(len(run.batches)))
-    # Full batches except the tail; a short batch is only ever the last one.
-    assert all(len(b) == size for b in run.batches[:-1])
     assert all(len(b) >= 1 for b in run.batches)
+    plan = batcher.plan
+    failed = list(s["failures"])[: plan.num_kept]  # drop_last: the cut positions never run
+    if not any(failed):  # full batches except the tail: a short batch is only the last one
+        assert all(len(b) == size for b in run.batches[:-1])
+    # Failures never add batches; without failures the count is the nominal one.
+    assert len(run.batches) <= plan.num_batches
+    if not any(failed):
+        assert len(run.batches) == plan.num_batches
     for batch in run.batches:
         assert batch.delays == tuple(batch.index - p // size for p in batch.positions)
         assert batch.max_delay <= delay
@@ -233,7 +257,9 @@ def test_any_completion_order_with_everything_in_flight(data: st.DataObject) -> 
     batches += b.pop_final()
     delivered = [p for x in batches for p in x.positions]
     assert sorted(delivered) == sorted(set(range(n)) - failed)
-    assert all(len(x) == size for x in batches[:-1])
+    if not failed:
+        assert all(len(x) == size for x in batches[:-1])
+    assert len(batches) <= b.plan.num_batches and all(len(x) >= 1 for x in batches)
     assert all(x.max_delay <= delay for x in batches)
 
 
