@@ -410,6 +410,7 @@ class ImageLoader:
             )
         if state.get("batcher") is not None:
             self._check_batcher_state(state["batcher"])
+            self._check_rank_progress(state)
         self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._epoch_done = bool(state.get("epoch_done", False))
@@ -428,6 +429,21 @@ class ImageLoader:
             make_batcher(self, len(self.sampler)).load_state_dict(state)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
+
+    def _check_rank_progress(self, state: Mapping[str, Any]) -> None:
+        """A mid-epoch state records which of one rank's samples were delivered; another
+        rank's samples differ (and its batches were formed from other failures and other
+        timing), so taking it would drop some samples and repeat others."""
+        batcher, saved = state["batcher"], state["sampler"].get("rank")
+        if saved == self.sampler.rank or not (batcher.get("delivered") or batcher.get("failed")):
+            return
+        raise ValueError(
+            f"loader state records rank {saved}'s progress through epoch "
+            f"{state['sampler']['epoch']}, but this loader is rank {self.sampler.rank}: each "
+            "rank must load the state it saved itself mid-epoch (save one per rank, or "
+            "gather them with torch.distributed.all_gather_object); a state taken between "
+            "epochs may be shared"
+        )
 
     def failed_samples(self) -> list[FailedSample]:
         """Every sample not delivered so far, with its key, stage and error. An epoch run

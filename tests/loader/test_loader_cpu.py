@@ -64,6 +64,25 @@ def test_output_dtypes_agree(unique_list: FileList, dtype: str) -> None:
             assert torch.allclose(xg.float(), xr, atol=tol * 3, rtol=tol)
 
 
+def test_another_ranks_mid_epoch_state_is_refused(unique_list: FileList) -> None:
+    # Rank 0's checkpoint lists rank 0's delivered samples: loaded on rank 1 it dropped
+    # some of rank 1's samples and repeated others. Between epochs a state may be shared.
+    rank0 = make(unique_list, seed=4, rank=0, world_size=2)
+    between = rank0.state_dict()
+    next(iter(rank0))
+    mid = json.loads(json.dumps(rank0.state_dict()))
+    rank0.close()
+    rank1 = make(unique_list, seed=4, rank=1, world_size=2)
+    with pytest.raises(ValueError, match=r"records rank 0's progress .* this loader is rank 1"):
+        rank1.load_state_dict(mid)
+    rank1.load_state_dict(between)
+    own = make(unique_list, seed=4, rank=1, world_size=2)
+    assert labels_of(run_epoch(rank1)) == labels_of(run_epoch(own))
+    fresh = make(unique_list, seed=4, rank=0, world_size=2)
+    fresh.load_state_dict(mid)  # its own rank: taken
+    assert len(labels_of(run_epoch(fresh))) == len(fresh.sampler) - 8  # one batch of 8 done
+
+
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_bad_files_are_reported_and_the_rest_delivered_once(
     bad_list: tuple[FileList, set[str]], batching: str
