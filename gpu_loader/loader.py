@@ -159,8 +159,11 @@ class ImageLoader:
     ...     for images, labels in loader:
     ...         ...
 
-    Without `set_epoch`, each completed pass moves on to the next epoch by itself. One
-    epoch runs at a time: starting a new iteration (or `close()`, `load_state_dict()`)
+    Without `set_epoch`, each new pass moves on to the next epoch by itself, whether the
+    last one finished or was cut short (``break`` after N steps), as DataLoader reshuffles
+    on each ``iter()``; `set_epoch(e)` (or ``loader.sampler.set_epoch(e)``, the
+    DistributedSampler habit) picks the epoch instead, and after `load_state_dict` the
+    next pass continues the saved epoch. One epoch runs at a time: starting a new iteration (or `close()`, `load_state_dict()`)
     stops the running one, whose iterator then raises a RuntimeError saying so.
 
     ``source`` is a sample index (`gpu_loader.sources`), or a path or URL that
@@ -257,6 +260,8 @@ class ImageLoader:
         self._restored = False  # load_state_dict() ran and no epoch has started since
         self._epoch_done = False
         self._explicit_epoch = False
+        self._epoch_begun = False  # a pass over the current epoch has started
+        self._known_epoch = 0  # the epoch this loader selected (the sampler's may be set apart)
         self._failed: list[FailedSample] = []
         self._last_engine_stats: Any = None
         self._last_batcher_stats: BatcherStats | None = None
@@ -307,8 +312,10 @@ class ImageLoader:
             self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self.epoch} ran")
             self._active = None  # its progress is not this epoch's (state_dict)
         self.sampler.set_epoch(epoch)
+        self._known_epoch = epoch
         self._explicit_epoch = True
         self._epoch_done = False
+        self._epoch_begun = False
         self._resume = None
         self._restored = False
 
@@ -323,10 +330,19 @@ class ImageLoader:
                 "this ImageLoader's epoch is being iterated in another thread; a loader "
                 "runs one epoch at a time: give each thread its own loader"
             )
-        if self._epoch_done and not self._explicit_epoch:
+        if self.sampler.epoch != self._known_epoch:
+            # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
+            chosen = self.sampler.epoch
+            self.sampler.set_epoch(self._known_epoch)
+            self.set_epoch(chosen)
+        if (self._epoch_done or self._epoch_begun) and not self._explicit_epoch:
             self.sampler.set_epoch(self.sampler.epoch + 1)
+            self._known_epoch = self.sampler.epoch
+            self._resume = None
+            self._restored = False
         self._epoch_done = False
         self._explicit_epoch = False
+        self._epoch_begun = True
         self._stop_epoch("a new iteration over the loader started")
         epoch: EpochBase
         if self._decode_on_gpu():
@@ -413,8 +429,10 @@ class ImageLoader:
             self._check_rank_progress(state)
         self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
+        self._known_epoch = self.sampler.epoch
         self._epoch_done = bool(state.get("epoch_done", False))
         self._explicit_epoch = False
+        self._epoch_begun = False
         self._resume = state.get("batcher")
         self._restored = True
 

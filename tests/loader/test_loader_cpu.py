@@ -64,6 +64,43 @@ def test_output_dtypes_agree(unique_list: FileList, dtype: str) -> None:
             assert torch.allclose(xg.float(), xr, atol=tol * 3, rtol=tol)
 
 
+def test_a_pass_cut_short_moves_on_like_a_completed_one(unique_list: FileList) -> None:
+    # The steps-per-epoch loop without set_epoch: each pass restarted the cut epoch, so
+    # the same first batches came back every time (80 of 310 samples ever seen).
+    loader = make(unique_list, seed=3)
+    firsts = []
+    for _ in range(3):
+        for _, labels in loader:
+            firsts.append(labels.tolist())
+            break
+    assert loader.epoch == 2 and firsts[0] != firsts[1] != firsts[2]
+    loader.set_epoch(0)  # an explicit epoch is still run again
+    assert next(iter(loader))[1].tolist() == firsts[0]
+
+
+def test_the_samplers_set_epoch_selects_the_loaders_epoch(unique_list: FileList) -> None:
+    # DistributedSampler's habit: loader.sampler.set_epoch(e). It ran epoch e + 1 after a
+    # completed pass, and a restored mid-epoch state met another epoch's order.
+    reference = make(unique_list, seed=5)
+    expected = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        expected.append(labels_of(run_epoch(reference)))
+    loader = make(unique_list, seed=5)
+    for epoch in range(3):
+        loader.sampler.set_epoch(epoch)
+        assert labels_of(run_epoch(loader)) == expected[epoch] and loader.epoch == epoch
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    done = [int(v) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, seed=5)
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)  # the saved epoch: its progress is kept
+    assert Counter(done + labels_of(run_epoch(resumed))) == Counter(range(len(unique_list)))
+
+
 def test_another_ranks_mid_epoch_state_is_refused(unique_list: FileList) -> None:
     # Rank 0's checkpoint lists rank 0's delivered samples: loaded on rank 1 it dropped
     # some of rank 1's samples and repeated others. Between epochs a state may be shared.
