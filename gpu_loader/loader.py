@@ -149,6 +149,18 @@ class LoaderOptions:
 _TORCH_DTYPES = ("float32", "float16", "bfloat16", "uint8")
 
 
+def _dtype_name(dtype: object) -> OutputDtype:
+    """The output dtype's name: one of `_TORCH_DTYPES`, given as a string or a torch dtype."""
+    import torch
+
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+    if name not in _TORCH_DTYPES:
+        raise ValueError(
+            f"`dtype` must be one of {_TORCH_DTYPES} (or the torch dtype), got {dtype!r}"
+        )
+    return name  # type: ignore[return-value]
+
+
 class ImageLoader:
     """Batches of images ``[B, 3, H, W]`` and int64 labels from an image source.
 
@@ -186,7 +198,7 @@ class ImageLoader:
         batch_size: int,
         transform: TrainTransform | EvalTransform,
         device: Device | str = "cpu",
-        dtype: OutputDtype = "float32",
+        dtype: OutputDtype | torch.dtype = "float32",
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -197,15 +209,19 @@ class ImageLoader:
         max_failures: int | float | None = 0.01,
         options: LoaderOptions | None = None,
     ) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        try:  # int and numpy integers
+            size = operator.index(batch_size) if not isinstance(batch_size, bool) else 0
+        except TypeError:
+            size = 0
+        if size < 1:
             raise ValueError(f"`batch_size` must be an int >= 1, got {batch_size!r}")
+        batch_size = size
         if not isinstance(transform, TrainTransform | EvalTransform):
             raise TypeError(
                 "`transform` must be gpu_loader.ops.TrainTransform or EvalTransform, "
                 f"got {type(transform).__name__}"
             )
-        if dtype not in _TORCH_DTYPES:
-            raise ValueError(f"`dtype` must be one of {_TORCH_DTYPES}, got {dtype!r}")
+        dtype = _dtype_name(dtype)
         if batching not in ("ordered", "straggler"):
             raise ValueError(f"`batching` must be 'ordered' or 'straggler', got {batching!r}")
         if on_error not in ("skip", "raise"):
@@ -229,6 +245,11 @@ class ImageLoader:
         self.batching: Batching = batching
         self.on_error: OnError = on_error
         self.max_failures = 0 if on_error == "raise" else max_failures
+        if options is not None and not isinstance(options, LoaderOptions):
+            raise TypeError(
+                "`options` must be gpu_loader.LoaderOptions(...), got "
+                f"{type(options).__name__}; write LoaderOptions(**your_dict) for a dict"
+            )
         self.options = options or LoaderOptions()
         opts = self.options
         most = batch_size * (opts.prefetch_batches + opts.max_delay_batches)

@@ -710,6 +710,20 @@ def test_options_are_checked_when_made(field: str, value: Any, match: str) -> No
         gl.LoaderOptions(**{field: value})
 
 
+def test_torch_dtypes_numpy_sizes_and_option_dicts(unique_list: FileList) -> None:
+    loader = make(unique_list, batch_size=np.int64(8), dtype=torch.bfloat16)
+    images, _ = next(iter(loader))
+    assert images.dtype == torch.bfloat16 and images.shape[0] == 8 and loader.dtype == "bfloat16"
+    assert type(loader.batch_size) is int  # saved in the JSON state
+    loader.close()
+    with pytest.raises(ValueError, match=r"`dtype` must be one of .* got torch.float64"):
+        make(unique_list, dtype=torch.float64)
+    with pytest.raises(ValueError, match="`batch_size` must be an int >= 1, got True"):
+        make(unique_list, batch_size=True)
+    with pytest.raises(TypeError, match=r"LoaderOptions\(\*\*your_dict\)"):
+        make(unique_list, options={"decode_threads": 2})
+
+
 def test_pin_memory_on_the_cpu_device_pins_only_where_cuda_is(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
