@@ -161,6 +161,25 @@ def _dtype_name(dtype: object) -> OutputDtype:
     return name  # type: ignore[return-value]
 
 
+def _check_batch_fits(
+    batch_size: int, transform: TrainTransform | EvalTransform, dtype: OutputDtype
+) -> None:
+    """Refuse an output no machine here could hold, before every sample fails on it (the
+    batch tensor is allocated by the first sample of each batch, so its error was recorded
+    against every file)."""
+    import psutil
+
+    h, w = transform.output_size
+    nbytes = batch_size * 3 * h * w * (1 if dtype == "uint8" else 2 if "16" in dtype else 4)
+    total = psutil.virtual_memory().total
+    if nbytes > total:
+        raise ValueError(
+            f"one batch of {batch_size} x 3 x {h} x {w} {dtype} needs {nbytes / 2**30:,.1f} GiB, "
+            f"more than this machine's {total / 2**30:,.1f} GiB of memory; check the "
+            "transform's size and batch_size"
+        )
+
+
 class ImageLoader:
     """Batches of images ``[B, 3, H, W]`` and int64 labels from an image source.
 
@@ -239,6 +258,7 @@ class ImageLoader:
         self.source = source
         self.batch_size = batch_size
         self.transform = transform
+        _check_batch_fits(batch_size, transform, dtype)
         self.dtype: OutputDtype = dtype
         self.seed = seed
         self.drop_last = drop_last

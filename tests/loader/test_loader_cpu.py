@@ -724,6 +724,13 @@ def test_torch_dtypes_numpy_sizes_and_option_dicts(unique_list: FileList) -> Non
         make(unique_list, options={"decode_threads": 2})
 
 
+def test_a_batch_larger_than_memory_is_refused_up_front(unique_list: FileList) -> None:
+    # Allocated by each batch's first sample, its error was recorded against every file.
+    with pytest.raises(ValueError, match=r"one batch of 8 x 3 x 100000 x 100000 float32 needs"):
+        make(unique_list, transform=TrainTransform(100_000))
+    make(unique_list, transform=TrainTransform(2048), dtype="uint8").close()
+
+
 def test_pin_memory_on_the_cpu_device_pins_only_where_cuda_is(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
