@@ -168,9 +168,10 @@ def _check_batch_fits(
     batch tensor is allocated by the first sample of each batch, so its error was recorded
     against every file)."""
     import psutil
+    import torch
 
     h, w = transform.output_size
-    nbytes = batch_size * 3 * h * w * (1 if dtype == "uint8" else 2 if "16" in dtype else 4)
+    nbytes = batch_size * 3 * h * w * getattr(torch, dtype).itemsize
     total = psutil.virtual_memory().total
     if nbytes > total:
         raise ValueError(
@@ -194,8 +195,9 @@ class ImageLoader:
     last one finished or was cut short (``break`` after N steps), as DataLoader reshuffles
     on each ``iter()``; `set_epoch(e)` (or ``loader.sampler.set_epoch(e)``, the
     DistributedSampler habit) picks the epoch instead, and after `load_state_dict` the
-    next pass continues the saved epoch. One epoch runs at a time: starting a new iteration (or `close()`, `load_state_dict()`)
-    stops the running one, whose iterator then raises a RuntimeError saying so.
+    next pass continues the saved epoch. One epoch runs at a time: starting a new
+    iteration (or `close()`, `load_state_dict()`) stops the running one, whose iterator
+    then raises a RuntimeError saying so.
 
     ``source`` is a sample index (`gpu_loader.sources`), or a path or URL that
     `gpu_loader.sources.open_index` opens (a folder, a ``.csv`` list, ``.tar`` shards).
@@ -344,13 +346,15 @@ class ImageLoader:
                 f"`epoch` must be in [0, {EPOCH_LIMIT}) (per-sample random streams key on "
                 f"it; pass the epoch number, not a step count), got {epoch}"
             )
-        if self._resume is not None and epoch == self.sampler.epoch:
+        # Against the epoch this loader selected: the sampler's own may have been set apart
+        # (`loader.sampler.set_epoch`, which `__iter__` passes on to here).
+        if self._resume is not None and epoch == self._known_epoch:
             self._explicit_epoch = True
             return
-        if epoch != self.sampler.epoch:
+        if epoch != self._known_epoch:
             # A running epoch of another number would go on under the new one, and
             # state_dict() would pair this epoch with its progress.
-            self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self.epoch} ran")
+            self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self._known_epoch} ran")
             self._active = None  # its progress is not this epoch's (state_dict)
         self.sampler.set_epoch(epoch)
         self._known_epoch = epoch
@@ -373,9 +377,7 @@ class ImageLoader:
             )
         if self.sampler.epoch != self._known_epoch:
             # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
-            chosen = self.sampler.epoch
-            self.sampler.set_epoch(self._known_epoch)
-            self.set_epoch(chosen)
+            self.set_epoch(self.sampler.epoch)
         if (self._epoch_done or self._epoch_begun) and not self._explicit_epoch:
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._known_epoch = self.sampler.epoch

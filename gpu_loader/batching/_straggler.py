@@ -100,9 +100,10 @@ class StragglerBatcher(BatcherBase[T]):
 
         Failures must not change how many batches an epoch yields: ranks of a distributed
         job step together, and one yielding a batch fewer leaves the others waiting in a
-        collective. The samples left (ready or still running) are spread so that each
-        owed batch gets at least one; only when fewer samples are left than batches owed
-        does the epoch end short.
+        collective. The samples left (ready, running or not started) are spread so that
+        each owed batch can get one; the epoch still ends short when fewer samples are
+        left than batches owed, or when samples counted on here fail after the batches
+        were cut.
         """
         ledger, size = self._ledger, self.plan.batch_size
         left = len(ledger.status) - ledger.delivered - ledger.failed

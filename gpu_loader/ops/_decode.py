@@ -300,7 +300,6 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         # tags it does not know; its GIF codec (OpenCV 4.11+, absent from older builds)
         # prints an error line for a cut GIF, which Pillow reports as truncated.
         return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
-
     if fmt == "png":
         damage, complete = png_damage(buf)
         if damage is not None:
