@@ -141,14 +141,14 @@ def bmp_damage(data: bytes | memoryview) -> str | None:
     before giving up, which a loader that reports the file by key should not repeat.
     """
     view = memoryview(data)
-    if len(view) < 26:
+    header = int.from_bytes(view[14:18], "little") if len(view) >= 18 else 0
+    if len(view) < (34 if header >= 40 else 26):  # the fields read below
         return f"it ends inside its header (file size {len(view):,})"
     (offset,) = struct.unpack("<I", view[10:14])
-    (header,) = struct.unpack("<I", view[14:18])
     if header == 12:  # OS/2 BITMAPCOREHEADER: unsigned 16-bit sides, no compression
         width, height, _planes, bits = struct.unpack("<HHHH", view[18:26])
         compression = 0
-    elif header >= 40 and len(view) >= 34:
+    elif header >= 40:
         width, height, _planes, bits, compression = struct.unpack("<iiHHI", view[18:34])
     else:
         return None

@@ -195,7 +195,7 @@ def test_a_cut_bmp_is_named_without_decoder_noise(
     data = buf.getvalue()
     for whole in (data, bmp_top_down(data), data + b"trailing"):
         np.testing.assert_array_equal(decode(whole).array, pillow_rgb(data))
-    for cut in (20, len(data) // 2, len(data) - 1):
+    for cut in (20, 30, len(data) // 2, len(data) - 1):  # 30: inside the info header
         with pytest.raises(DecodeError, match="truncated BMP: it ends") as info:
             decode(data[:cut], key="cut.bmp")
         assert "'cut.bmp'" in str(info.value)
