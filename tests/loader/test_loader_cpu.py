@@ -734,16 +734,11 @@ def test_a_batch_larger_than_memory_is_refused_up_front(unique_list: FileList) -
 def test_pin_memory_on_the_cpu_device_pins_only_where_cuda_is(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def make(pin: bool | None) -> gl.ImageLoader:
-        return gl.ImageLoader(
-            unique_list,
-            batch_size=4,
-            transform=EvalTransform(16),
-            options=gl.LoaderOptions(pin_memory=pin),
-        )
+    def pinned(pin: bool | None) -> gl.ImageLoader:
+        return make(unique_list, batch_size=4, options=gl.LoaderOptions(pin_memory=pin))
 
     with caplog.at_level("WARNING", logger="gpu_loader"):
-        loader = make(True)  # no CUDA here: told, and the batches still come
+        loader = pinned(True)  # no CUDA here: told, and the batches still come
     assert "pin_memory=True has no effect" in caplog.text
     images, _ = next(iter(loader))
     assert not images.is_pinned()
@@ -751,7 +746,7 @@ def test_pin_memory_on_the_cpu_device_pins_only_where_cuda_is(
     # Where torch sees a GPU, True pins the device="cpu" batches (as DataLoader's
     # pin_memory does) and None does not; pinning itself needs a real GPU to run.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert make(True)._pin_batches() and not make(None)._pin_batches()
+    assert pinned(True)._pin_batches() and not pinned(None)._pin_batches()
 
 
 def test_cost_lookahead_is_validated_and_ignored_in_ordered_mode(unique_list: FileList) -> None:
