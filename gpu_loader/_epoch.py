@@ -119,6 +119,9 @@ class EpochBase:
     finished = False
     reported = False
     """Closed, with its failures handed to the loader (set under the loader's lock)."""
+    pass_number = 0
+    """Which of the loader's passes this is (set when it starts; a late close of an
+    older pass must not stand for the current one)."""
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         self.loader = loader

@@ -305,6 +305,10 @@ class ImageLoader:
         self._explicit_epoch = False
         self._epoch_begun = False  # a pass over the current epoch has started
         self._known_epoch = 0  # the epoch this loader selected (the sampler's may be set apart)
+        self._passes = 0  # passes started; an epoch object knows which one it is
+        # The progress of the latest pass once it closed unfinished: state_dict() must not
+        # depend on whether the garbage collector has freed that epoch yet.
+        self._closed_progress: dict[str, Any] | None = None
         self._failed: list[FailedSample] = []
         self._last_engine_stats: Any = None
         self._last_batcher_stats: BatcherStats | None = None
@@ -356,6 +360,7 @@ class ImageLoader:
             # state_dict() would pair this epoch with its progress.
             self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self._known_epoch} ran")
             self._active = None  # its progress is not this epoch's (state_dict)
+            self._closed_progress = None
         self.sampler.set_epoch(epoch)
         self._known_epoch = epoch
         self._explicit_epoch = True
@@ -405,6 +410,9 @@ class ImageLoader:
             epoch.restored = [f for f in epoch.restored if f.key not in have]
         self._resume = None
         self._restored = False
+        self._passes += 1
+        epoch.pass_number = self._passes
+        self._closed_progress = None
         self._active = weakref.ref(epoch)
         iterator = epoch.batches()
         self._iterator = weakref.ref(iterator)
@@ -433,6 +441,8 @@ class ImageLoader:
                 state["batcher"] = self._resume
         elif active is not None and not active.finished:
             state["batcher"] = active.received.state()
+        elif active is None and self._closed_progress is not None:
+            state["batcher"] = self._closed_progress  # cut short and already freed
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -478,6 +488,7 @@ class ImageLoader:
         self._epoch_begun = False
         self._resume = state.get("batcher")
         self._restored = True
+        self._closed_progress = None
 
     def _check_batcher_state(self, state: Any) -> None:
         """Raise now, not at the next iteration, for a batcher state this loader's epochs
@@ -651,6 +662,8 @@ class ImageLoader:
         engine_stats: Any,
         batcher_stats: BatcherStats,
     ) -> None:
+        if epoch.pass_number == self._passes and not epoch.finished:
+            self._closed_progress = epoch.received.state()
         with self._lock:
             self._failed.extend(records)
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`

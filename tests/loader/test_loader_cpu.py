@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -225,6 +226,32 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(
     assert len(rest) == len(full) - stop_after
     for (xr, yr), (xg, yg) in zip(full[stop_after:], rest, strict=True):
         assert torch.equal(yr, yg) and torch.equal(xr, xg)
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_checkpoint_after_break_keeps_its_progress_once_the_epoch_is_collected(
+    unique_list: FileList, batching: str
+) -> None:
+    # "break at max_steps, then save": the cut-short epoch is freed by the garbage
+    # collector at some point (a gc.collect() before saving is common); the state must not
+    # depend on when.
+    loader = make(unique_list, seed=6, batching=batching)
+    seen: list[int] = []
+    for step, (_, y) in enumerate(loader):
+        seen += [int(v) for v in y]
+        if step == 1:
+            break
+    gc.collect()
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state.get("batcher") is not None
+    resumed = make(unique_list, seed=6, batching=batching)
+    resumed.load_state_dict(state)
+    rest = labels_of(run_epoch(resumed))
+    assert Counter(seen + rest) == Counter(range(len(unique_list)))
+    # A later pass has its own progress: the saved one no longer stands for it.
+    run_epoch(loader)
+    gc.collect()
+    assert loader.state_dict().get("batcher") is None
 
 
 def test_straggler_resume_delivers_the_rest_once(unique_list: FileList) -> None:
