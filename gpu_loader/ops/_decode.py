@@ -197,7 +197,7 @@ def decode_at(
         raise _fail(
             key,
             f"unsupported format or not an image (first bytes: {head}); "
-            "supported: JPEG, PNG, WebP, BMP, GIF, TIFF",
+            "supported: JPEG, PNG, WebP, BMP, GIF, TIFF, PPM/PGM/PBM",
         )
     if fmt == "jpeg":
         return _decode_jpeg(buf, key, max_pixels, min_size, factor)

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Literal
 
-Format = Literal["jpeg", "png", "gif", "bmp", "webp", "tiff"]
+Format = Literal["jpeg", "png", "gif", "bmp", "webp", "tiff", "pnm"]
 
 
 def sniff(data: bytes | memoryview) -> Format | None:
@@ -30,7 +30,12 @@ def sniff(data: bytes | memoryview) -> Format | None:
         return "webp"
     if head[:4] in (b"II*\x00", b"MM\x00*"):
         return "tiff"
+    if head[:1] == b"P" and head[1:2] in _PNM_KINDS and head[2:3].isspace():
+        return "pnm"  # netpbm: PBM/PGM/PPM, plain (P1-P3) or raw (P4-P6)
     return None
+
+
+_PNM_KINDS = (b"1", b"2", b"3", b"4", b"5", b"6")
 
 
 def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None:

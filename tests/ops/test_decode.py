@@ -75,6 +75,30 @@ def test_other_formats(image: np.ndarray, fmt: str) -> None:
     assert np.array_equal(out, pillow_rgb(buf.getvalue()))
 
 
+@pytest.mark.parametrize(
+    ("mode", "plain"), [("RGB", False), ("L", False), ("1", False), ("RGB", True)]
+)
+def test_netpbm_files_decode_like_pillow(
+    image: np.ndarray, mode: str, plain: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # torchvision's IMG_EXTENSIONS (and so ImageFolder's) list .ppm and .pgm: GTSRB ships PPMs.
+    buf = io.BytesIO()
+    Image.fromarray(image).convert(mode).save(buf, "PPM", **({"plain": True} if plain else {}))
+    data = buf.getvalue()
+    out = decode(data, key="x.ppm").array
+    assert out.shape == (96, 128, 3)
+    assert np.array_equal(out, pillow_rgb(data))
+    with pytest.raises(DecodeError, match="corrupt, truncated") as info:
+        decode(data[: len(data) // 2], key="cut.ppm")
+    assert "'cut.ppm'" in str(info.value)
+    # A hostile header is refused by its size before any pixel is allocated.
+    bomb = b"P6\n200000 200000\n255\n" + data[-64:]
+    with pytest.raises(DecodeError, match="pixels") as info:
+        decode(bomb, key="bomb.ppm")
+    assert "'bomb.ppm'" in str(info.value)
+    assert capfd.readouterr().err == ""
+
+
 def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
