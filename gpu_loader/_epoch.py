@@ -42,7 +42,7 @@ from gpu_loader.pipeline import (
     PipelineFailure,
     SlowLane,
 )
-from gpu_loader.pipeline._errors import add_note
+from gpu_loader.pipeline._errors import add_note, limit_failure
 from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
@@ -314,6 +314,12 @@ class EpochBase:
                         except Exception as exc:
                             self.check_not_stopped()  # a stopped epoch's own error is noise
                             if isinstance(exc, PipelineFailure) and exc.limit_reached:
+                                if loader.on_error == "raise":
+                                    # The engine's message would advise raising
+                                    # max_failures, which this mode does not use.
+                                    raise limit_failure(
+                                        self.failure_advice(), exc.exceptions
+                                    ) from None
                                 add_note(exc, self.failure_advice())
                             raise
                         finally:

@@ -182,7 +182,7 @@ class FailurePolicy:
         else:
             if failed <= limit:
                 return None
-            detail = f"{failed} calls failed"
+            detail = f"{failed} call{'s' if failed > 1 else ''} failed"
         self._tripped = True
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
         return limit_failure(

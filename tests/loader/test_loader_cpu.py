@@ -151,10 +151,13 @@ def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> No
         + [str(e) + " " + " ".join(getattr(e, "__notes__", [])) for e in info.value.exceptions]
     )
     assert any(key in text for key in bad_keys)
-    # The loader's own advice, in its terms (the engine's message speaks of the engine).
-    notes = " ".join(getattr(info.value, "__notes__", []))
-    assert "on_error='raise'" in notes and "failed_samples()" in notes
-    assert any(key in notes for key in bad_keys)
+    # The loader's own words: the engine's would advise raising max_failures, which this
+    # mode ignores.
+    message = str(info.value)
+    assert "on_error='raise'" in message and "failed_samples()" in message
+    assert "on_error='skip'" in message and "max_failures" not in message
+    assert any(key in message for key in bad_keys)
+    assert info.value.limit_reached
 
 
 def test_too_many_failures_raise_pipeline_failure(bad_list: tuple[FileList, set[str]]) -> None:
