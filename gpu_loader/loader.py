@@ -18,7 +18,9 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+import numpy as np
 
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, make_batcher
@@ -229,7 +231,16 @@ class ImageLoader:
         on_error: OnError = "skip",
         max_failures: int | float | None = 0.01,
         options: LoaderOptions | None = None,
+        # DataLoader's own arguments, refused with what to use instead (NoReturn: a type
+        # checker flags them too).
+        **dataloader_kwargs: NoReturn,
     ) -> None:
+        if dataloader_kwargs:
+            raise TypeError(_dataloader_kwargs_advice(dataloader_kwargs))
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool | np.bool_):
+                raise TypeError(f"`{name}` must be True or False, got {flag!r}")
+        shuffle, drop_last = bool(shuffle), bool(drop_last)
         try:  # int and numpy integers
             size = operator.index(batch_size) if not isinstance(batch_size, bool) else 0
         except TypeError:
@@ -262,7 +273,6 @@ class ImageLoader:
         self.transform = transform
         _check_batch_fits(batch_size, transform, dtype)
         self.dtype: OutputDtype = dtype
-        self.seed = seed
         self.drop_last = drop_last
         self.batching: Batching = batching
         self.on_error: OnError = on_error
@@ -326,6 +336,44 @@ class ImageLoader:
         self._logger: JsonlLogger | None = None
 
     # -- the torch-facing surface ---------------------------------------------------------
+    @property
+    def dataset(self) -> SampleIndex:
+        """The source (DataLoader's name for it: ``len(loader.dataset)`` counts samples)."""
+        return self.source
+
+    @property
+    def seed(self) -> int:
+        """The seed of the shuffle and of every sample's random crop and flip."""
+        return self.sampler.seed
+
+    @seed.setter
+    def seed(self, value: object) -> None:
+        raise AttributeError(
+            "an ImageLoader's seed is fixed when it is built (its shuffle, its crops and "
+            "its saved states use it): build a new ImageLoader(..., seed=...)"
+        )
+
+    @property
+    def shuffle(self) -> bool:
+        return self.sampler.shuffle
+
+    @shuffle.setter
+    def shuffle(self, value: object) -> None:
+        raise AttributeError(
+            "an ImageLoader's shuffle is fixed when it is built: build a new "
+            "ImageLoader(..., shuffle=...)"
+        )
+
+    def __repr__(self) -> str:
+        sampler = self.sampler
+        rank = f", rank {sampler.rank} of {sampler.world_size}" if sampler.world_size > 1 else ""
+        return (
+            f"ImageLoader({self.source!r}, batch_size={self.batch_size}, "
+            f"transform={type(self.transform).__name__}(size={self.transform.output_size}), "
+            f"device='{self.device}', dtype='{self.dtype}', shuffle={self.shuffle}, "
+            f"batching='{self.batching}', epoch {self.epoch}{rank}, {len(self)} batches)"
+        )
+
     def __len__(self) -> int:
         """Batches per epoch for this rank (before any failed samples are left out)."""
         n = len(self.sampler)
@@ -678,6 +726,37 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
+
+
+# DataLoader arguments a migrating training script passes, and what takes their place.
+_DATALOADER_ARGS = {
+    "dataset": "pass it as `source`, the first argument (a folder, .csv or .tar path, or "
+    "a gpu_loader.sources index)",
+    "num_workers": "use LoaderOptions(decode_threads=n) (threads, not processes; default: "
+    "the CPU count)",
+    "pin_memory": "use LoaderOptions(pin_memory=True)",
+    "prefetch_factor": "use LoaderOptions(prefetch_batches=n), in batches for the loader",
+    "persistent_workers": "not needed (threads start with each epoch, in milliseconds)",
+    "collate_fn": "not supported (batches are always images [B, 3, H, W] and int64 labels "
+    "[B]; change them in the training loop)",
+    "sampler": "use shuffle=, seed=, rank= and world_size=",
+    "batch_sampler": "use batch_size=, drop_last=, shuffle=, seed=, rank= and world_size=",
+    "generator": "use seed=",
+    "worker_init_fn": "not needed (there are no worker processes)",
+    "multiprocessing_context": "not needed (there are no worker processes)",
+    "timeout": "not supported (a sample that fails is reported: on_error, max_failures)",
+    "in_order": "use batching='ordered' (the default) or 'straggler'",
+}
+
+
+def _dataloader_kwargs_advice(kwargs: Mapping[str, object]) -> str:
+    lines = []
+    for name in kwargs:
+        advice = _DATALOADER_ARGS.get(name)
+        if advice is None:
+            return f"ImageLoader() got an unexpected keyword argument {name!r}"
+        lines.append(f"no `{name}` (a DataLoader argument): {advice}")
+    return "ImageLoader() takes " + "; ".join(lines)
 
 
 def _resolve_device(device: str) -> torch.device:

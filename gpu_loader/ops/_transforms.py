@@ -12,6 +12,7 @@ parameters under the GIL, against 22 us: gpu_loader/sources/README.md).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -115,11 +116,21 @@ def _channel_triple(values: Sequence[float], name: str) -> tuple[float, float, f
 
 
 def _validate_norm(obj: object, mean: Sequence[float], std: Sequence[float]) -> None:
-    object.__setattr__(obj, "mean", _channel_triple(mean, "mean"))
+    mean_t = _channel_triple(mean, "mean")
+    object.__setattr__(obj, "mean", mean_t)
     std_t = _channel_triple(std, "std")
     if min(std_t) <= 0:
         raise ValueError(f"`std` must be > 0 per channel, got {std!r}")
     object.__setattr__(obj, "std", std_t)
+    if max(abs(m) for m in mean_t) > 1 or min(std_t) > 1:
+        warnings.warn(
+            f"mean={tuple(mean)!r}, std={tuple(std)!r} look like 0-255 values: pixels are "
+            "scaled to [0, 1] before they are normalised (as torchvision's ToTensor + "
+            "Normalize), so give mean and std on that scale, e.g. ImageNet's "
+            f"{IMAGENET_MEAN} and {IMAGENET_STD}",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,11 @@ class ImageFolder(FileIndex):
             prefix,
         )
 
+    @property
+    def targets(self) -> list[int]:
+        """The labels as a list, under torchvision's name for them."""
+        return self.labels.tolist()
+
 
 # (path relative to root, label, size or -1)
 _Found = tuple[str, int, int]

@@ -9,7 +9,7 @@ across ranks, never twice on one rank); rank ``r`` takes positions ``r, r+W, r+2
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,10 @@ class Sampler:
         if epoch != self._epoch:
             self._epoch = int(epoch)
             self._position = 0
+
+    def __iter__(self) -> Iterator[int]:
+        """This rank's sample indices for the current epoch, in loading order."""
+        return iter(self.indices().tolist())
 
     def __len__(self) -> int:
         """Samples per rank per epoch (the same on every rank)."""

@@ -754,6 +754,35 @@ def test_torch_dtypes_numpy_sizes_and_option_dicts(unique_list: FileList) -> Non
         make(unique_list, options={"decode_threads": 2})
 
 
+def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList) -> None:
+    # A training script moved over from DataLoader passes its arguments and reads its
+    # attributes: each refusal names what takes its place.
+    with pytest.raises(TypeError, match=r"no `num_workers` .*LoaderOptions\(decode_threads=n\)"):
+        make(unique_list, num_workers=4)
+    with pytest.raises(TypeError, match=r"no `collate_fn` .*; no `pin_memory` .*pin_memory=True"):
+        make(unique_list, collate_fn=None, pin_memory=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        make(unique_list, batchsize=8)
+    for name in ("shuffle", "drop_last"):  # "False" is a true string
+        with pytest.raises(TypeError, match=f"`{name}` must be True or False, got 'False'"):
+            make(unique_list, **{name: "False"})
+    loader = make(unique_list, shuffle=np.bool_(False), seed=3)
+    assert loader.dataset is unique_list and len(loader.dataset) == len(unique_list)
+    assert list(loader.sampler) == list(range(len(unique_list)))  # not shuffled
+    assert loader.seed == 3 and loader.shuffle is False
+    # Set after the build, the seed moved the crops but not the shuffle: refused.
+    with pytest.raises(AttributeError, match="seed is fixed"):
+        loader.seed = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="shuffle is fixed"):
+        loader.shuffle = True  # type: ignore[misc]
+    text = repr(loader)
+    assert text.startswith(f"ImageLoader({unique_list!r}, batch_size=8,")
+    assert "shuffle=False" in text and f"{len(loader)} batches" in text
+    shuffled = make(unique_list, seed=3)
+    assert sorted(shuffled.sampler) == list(range(len(unique_list)))
+    assert list(shuffled.sampler) == shuffled.sampler.indices().tolist() != sorted(shuffled.sampler)
+
+
 def test_a_batch_larger_than_memory_is_refused_up_front(unique_list: FileList) -> None:
     # Allocated by each batch's first sample, its error was recorded against every file.
     with pytest.raises(ValueError, match=r"one batch of 8 x 3 x 100000 x 100000 float32 needs"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -132,6 +134,17 @@ def test_eval_default_resize_and_output_size() -> None:
 def test_invalid_arguments_say_what_is_wrong(factory: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         factory()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("factory", [TrainTransform, EvalTransform])
+def test_mean_and_std_on_the_0_255_scale_are_warned_about(factory: type) -> None:
+    # Accepted silently, they turned every pixel into about -2.
+    with pytest.warns(UserWarning, match="look like 0-255 values") as record:
+        factory(32, mean=(123.7, 116.3, 103.5), std=(58.4, 57.1, 57.4))
+    assert record[0].filename == __file__  # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        factory(32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 
 def test_crop_params_scaled() -> None:

@@ -27,6 +27,7 @@ def test_labels_follow_torchvision_rule(tree: Path) -> None:
     assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
     assert index.labels.dtype == np.int64
     assert [index.label(i) for i in range(len(index))] == index.labels.tolist()
+    assert index.targets == index.labels.tolist()  # torchvision's name
 
 
 def test_labels_array_is_read_only(tree: Path) -> None:
