@@ -36,12 +36,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jpeglib.h>
 
@@ -837,6 +841,94 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ whole-file reads */
+
+/* read_regular(path, limit) -> bytes | (st_mode, size)
+ *
+ * open + fstat + read to EOF + close with the GIL released once. Python's own file calls
+ * release and retake it for each system call (six to eight per file), and every retake
+ * waits behind the threads that hold it. Opened non-blocking (a FIFO fails at once). A file
+ * that is not regular, or holds more than `limit` bytes (-1: no limit), is not read: its
+ * (st_mode, size) comes back for the caller to word the error. System errors raise OSError
+ * with the path. */
+static PyObject *py_read_regular(PyObject *self, PyObject *args) {
+    PyObject *path_arg, *path_bytes = NULL;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "OL:read_regular", &path_arg, &limit)) return NULL;
+    if (!PyUnicode_FSConverter(path_arg, &path_bytes)) return NULL;
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    int err = 0, nomem = 0, refused = 0;
+    mode_t mode = 0;
+    char *buf = NULL;
+    size_t len = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int flags = O_RDONLY | O_NONBLOCK;
+#ifdef O_CLOEXEC
+    flags |= O_CLOEXEC;
+#endif
+    int fd;
+    do {
+        fd = open(path, flags);
+    } while (fd < 0 && errno == EINTR);
+    struct stat st;
+    if (fd < 0) {
+        err = errno;
+    } else if (fstat(fd, &st) != 0) {
+        err = errno;
+    } else if (!S_ISREG(st.st_mode) || (limit >= 0 && st.st_size > limit)) {
+        refused = 1;
+        mode = st.st_mode;
+        len = (size_t)st.st_size;
+    } else {
+        mode = st.st_mode;
+        /* One byte of room past the size, so the read that finds EOF (or a file that
+         * grew) needs no second buffer. */
+        size_t cap = (size_t)st.st_size + 1;
+        buf = malloc(cap);
+        nomem = buf == NULL;
+        while (buf != NULL) {
+            if (len == cap) {
+                if (limit >= 0 && (long long)len > limit) {
+                    refused = 1;
+                    break;
+                }
+                char *grown = realloc(buf, cap * 2);
+                if (grown == NULL) {
+                    nomem = 1;
+                    break;
+                }
+                buf = grown;
+                cap *= 2;
+            }
+            ssize_t n = read(fd, buf + len, cap - len);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                err = errno;
+                break;
+            }
+            if (n == 0) break;
+            len += (size_t)n;
+        }
+        if (limit >= 0 && (long long)len > limit) refused = 1;
+    }
+    if (fd >= 0) close(fd);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    PyObject *result = NULL;
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_arg);
+    } else if (nomem) {
+        PyErr_NoMemory();
+    } else if (refused) {
+        result = Py_BuildValue("(iK)", (int)mode, (unsigned long long)len);
+    } else {
+        result = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+    }
+    free(buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"resize_into", py_resize_into, METH_VARARGS,
      "resize_into(src, height, width, channels, box, out, out_h, out_w, flip, dtype, scale, "
@@ -853,6 +945,10 @@ static PyMethodDef methods[] = {
     {"philox_words", py_philox_words, METH_VARARGS,
      "philox_words(key_low, key_high, n)\n\nThe first n 64-bit words of numpy's "
      "Philox(key=key_low | key_high << 64), for tests."},
+    {"read_regular", py_read_regular, METH_VARARGS,
+     "read_regular(path, limit)\n\nA regular file's bytes, read with the GIL released once; "
+     "(st_mode, size) instead for a file that is not regular or holds more than limit "
+     "bytes (-1: no limit). Raises OSError."},
     {"convert", py_convert, METH_VARARGS,
      "convert(float32_src, dst, dtype)\n\nThe float16 (1) / bfloat16 (2) rounding the stores "
      "use, exposed for tests."},

@@ -89,12 +89,16 @@ def open_regular(key: str, path: str, what: str = "sample") -> io.FileIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-            raise OSError(errno.EINVAL, f"{what} {key!r} is a {kind}, not a regular file", path)
+            raise _not_regular(key, path, mode, what)
         return io.FileIO(fd, "rb", closefd=True)  # owns fd from here
     except BaseException:
         os.close(fd)
         raise
+
+
+def _not_regular(key: str, path: str, mode: int, what: str) -> OSError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return OSError(errno.EINVAL, f"{what} {key!r} is a {kind}, not a regular file", path)
 
 
 _KINDS = {
@@ -171,15 +175,35 @@ def read_file(key: str, location: str) -> bytes:
     try:
         path = local_path(location)
         if path is not None:
-            with open_regular(key, path) as f:
-                check_size(key, os.fstat(f.fileno()).st_size)
-                return f.readall()
+            return _read_local(key, path)
         return _read_url_capped(key, location)
     except FileNotFoundError:
         raise not_found(key, location) from None
     except OSError as exc:
         add_key_note(exc, key)
         raise
+
+
+def _read_local(key: str, path: str) -> bytes:
+    """A local file's bytes: one native call where the extension is built (Python's file
+    calls release and retake the GIL once per system call, and with many threads each
+    retake waits), else Python's; the same checks either way."""
+    from gpu_loader.ops._backend import native_module
+
+    native = native_module()
+    if native is None:
+        with open_regular(key, path) as f:
+            check_size(key, os.fstat(f.fileno()).st_size)
+            return f.readall()
+    limit = _max_file_bytes
+    got = native.read_regular(path, -1 if limit is None else limit)
+    if isinstance(got, bytes):
+        return got
+    mode, size = got
+    if not stat.S_ISREG(mode):
+        raise _not_regular(key, path, mode, "sample")
+    check_size(key, size)  # raises: over the limit (or grown past it while read)
+    raise AssertionError(f"read_regular refused {key!r} without a reason")
 
 
 def _read_url_capped(key: str, location: str) -> bytes:

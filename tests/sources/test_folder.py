@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
 import numpy as np
 import pytest
 
+from gpu_loader.ops._backend import forced
 from gpu_loader.sources import BufferTooSmallError, ImageFolder, SampleIndex
-from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
+from gpu_loader.sources._io import max_file_bytes, read_file, set_max_file_bytes
 from tests.sources.conftest import TREE_EXPECTED, copy_to_memory
+
+
+@pytest.fixture(params=["native", "pillow"])
+def reader(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Local reads take one native call where the extension is built, Python's file
+    calls otherwise: both must read and refuse the same."""
+    try:
+        with forced(request.param):
+            yield request.param
+    except ImportError:
+        pytest.skip("the native extension is not built")
 
 
 def test_labels_follow_torchvision_rule(tree: Path) -> None:
@@ -36,7 +49,7 @@ def test_labels_array_is_read_only(tree: Path) -> None:
         index.labels[0] = 5
 
 
-def test_read_readinto_and_nbytes_agree_with_the_file(tree: Path) -> None:
+def test_read_readinto_and_nbytes_agree_with_the_file(tree: Path, reader: str) -> None:
     index = ImageFolder(tree)
     for i in range(len(index)):
         expected = Path(index.key(i)).read_bytes()
@@ -160,7 +173,7 @@ def test_file_url_uses_the_local_fast_path(tree: Path) -> None:
     assert index.fingerprint() == ImageFolder(tree).fingerprint()
 
 
-def test_special_files_are_refused_with_their_key_at_once(tree: Path) -> None:
+def test_special_files_are_refused_with_their_key_at_once(tree: Path, reader: str) -> None:
     os.mkfifo(tree / "dog" / "pipe.jpg")  # opening it to read would wait for a writer forever
     (tree / "dog" / "zero.jpg").symlink_to("/dev/zero")  # never ends: would fill memory
     index = ImageFolder(tree)
@@ -173,7 +186,7 @@ def test_special_files_are_refused_with_their_key_at_once(tree: Path) -> None:
             index.readinto(i, bytearray(64))
 
 
-def test_a_file_over_the_byte_limit_is_refused_before_reading(tree: Path) -> None:
+def test_a_file_over_the_byte_limit_is_refused_before_reading(tree: Path, reader: str) -> None:
     big = tree / "dog" / "huge.jpg"
     with big.open("wb") as f:  # sparse: 3 GB claimed, nothing written
         f.truncate(3 << 30)
@@ -185,6 +198,41 @@ def test_a_file_over_the_byte_limit_is_refused_before_reading(tree: Path) -> Non
         index.readinto(i, bytearray(16))
     with pytest.raises(ValueError, match="an int >= 1 or None"):
         set_max_file_bytes(0)
+
+
+def test_local_reads_at_the_limit_and_their_errors(tmp_path: Path, reader: str) -> None:
+    data = bytes(range(256)) * 40
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    limit = max_file_bytes()
+    try:
+        set_max_file_bytes(len(data))  # exactly at the limit: read whole
+        assert read_file("k", str(path)) == data
+        set_max_file_bytes(len(data) - 1)
+        with pytest.raises(ValueError, match=rf"sample 'k' is {len(data):,} bytes, over the"):
+            read_file("k", str(path))
+    finally:
+        set_max_file_bytes(limit)
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    assert read_file("e", str(empty)) == b""
+    odd = os.fsencode(tmp_path) + b"/\xff\xfe.jpg"  # a name that is not UTF-8
+    with open(odd, "wb") as f:
+        f.write(b"x")
+    assert read_file("odd", os.fsdecode(odd)) == b"x"
+    with pytest.raises(FileNotFoundError, match="sample 'gone' not found"):
+        read_file("gone", str(tmp_path / "gone.jpg"))
+    with pytest.raises(OSError, match="sample 'dir' is a folder") as info:
+        read_file("dir", str(tmp_path))
+    assert info.value.filename == str(tmp_path)
+    with pytest.raises(NotADirectoryError) as notdir:
+        read_file("nd", str(path / "x.jpg"))
+    assert notdir.value.filename == str(path / "x.jpg")
+    assert "sample: nd" in getattr(notdir.value, "__notes__", [])
+    with pytest.raises(ValueError, match="null"):
+        read_file("nul", str(tmp_path / "a\0.jpg"))
+    if os.path.exists("/proc/self/cmdline"):  # regular, but claims 0 bytes: read to EOF
+        assert read_file("proc", "/proc/self/cmdline") == Path("/proc/self/cmdline").read_bytes()
 
 
 def test_a_url_over_the_byte_limit_is_refused_with_its_key(
