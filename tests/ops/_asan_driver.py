@@ -79,7 +79,34 @@ def main(so_path: str, cases_path: str) -> None:
         size = (int(rng.integers(1, 5000)), int(rng.integers(1, 5000)))
         top, left, bh, bw, _ = native.train_params(i, 3, *size, 0.08, 1.0, -0.29, 0.29, 0.5)
         assert top == -1 or (0 <= top <= size[0] - bh and 0 <= left <= size[1] - bw)
-    print(f"asan ok: {exact} exact, {failed} damaged files refused")
+    reads = _check_reads(native, cases)
+    print(f"asan ok: {exact} exact, {failed} damaged files refused, {reads} reads")
+
+
+def _check_reads(native: object, cases: list[bytes]) -> int:
+    """read_regular: whole files, at and over the limit, growth past fstat's size (a
+    /proc file claims 0 bytes), special files and errors."""
+    import os
+    import tempfile
+
+    read = native.read_regular  # type: ignore[attr-defined]
+    count = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, data in enumerate(cases[:6]):
+            path = os.path.join(tmp, f"{i}.jpg")
+            with open(path, "wb") as f:
+                f.write(data)
+            assert read(path, -1) == data and read(path, len(data)) == data
+            assert read(path, len(data) - 1) == (os.stat(path).st_mode, len(data))
+            count += 3
+        with open("/proc/self/cmdline", "rb") as f:
+            assert read("/proc/self/cmdline", -1) == f.read()
+        assert isinstance(read(tmp, -1), tuple) and isinstance(read("/dev/null", -1), tuple)
+        try:
+            read(os.path.join(tmp, "missing"), -1)
+        except FileNotFoundError:
+            count += 1
+    return count
 
 
 if __name__ == "__main__":
