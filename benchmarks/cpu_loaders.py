@@ -9,6 +9,11 @@ CPU time are measured after a short warm-up (worker start-up is excluded for eve
     python benchmarks/cpu_loaders.py                 # 2000 images, train and eval, 3 rounds
     python benchmarks/cpu_loaders.py --quick         # a smoke run (704 images, 8 timed batches)
 
+The peers get as many worker processes or threads as the machine has CPUs (``--peer-workers``;
+DataLoader+Pillow also at twice that), as gpu_loader's automatic threads do: on 2 CPUs the
+system names read ``dataloader_pillow_w2``, on 16 ``dataloader_pillow_w16``. Ratios are
+taken against DataLoader+Pillow at that worker count.
+
 Results: ``benchmarks/results/cpu_loaders.json`` and a markdown table on stdout.
 """
 
@@ -35,17 +40,27 @@ WARMUP_BATCHES = 3
 MIN_TIMED_BATCHES = 5  # fewer is one batch's noise (or only a short last batch), not a rate
 QUICK_IMAGES = (WARMUP_BATCHES + 8) * BATCH
 
-# system name -> (description, threads or workers used)
-SYSTEMS: dict[str, str] = {
-    "gpu_loader": "gpu_loader ImageLoader(device='cpu'), auto threads",
-    "dataloader_pillow_w2": "torch DataLoader, Pillow decode+resize, 2 workers",
-    "dataloader_pillow_w4": "torch DataLoader, Pillow decode+resize, 4 workers",
-    "dataloader_fast_w2": "torch DataLoader running gpu_loader's per-sample path (ops.load_into), 2 workers",
-    "spdl_io": "SPDL 0.8 pipeline, spdl.io (FFmpeg) decode+crop+scale, 2 threads",
-    "spdl_fast": "SPDL 0.8 pipeline running gpu_loader's per-sample path (ops.load_into), 2 threads",
-    "spdl_simplejpeg": "SPDL 0.8 pipeline, simplejpeg decode + Pillow resize per image (gpu_loader's pillow backend), 2 threads",
-    "dali_cpu": "DALI CPU pipeline (device_id=None), 2 threads",
-}
+
+def systems(n: int) -> dict[str, str]:
+    """System name -> description, the peers at ``n`` workers or threads."""
+    return {
+        "gpu_loader": "gpu_loader ImageLoader(device='cpu'), auto threads",
+        f"dataloader_pillow_w{n}": f"torch DataLoader, Pillow decode+resize, {n} workers",
+        f"dataloader_pillow_w{2 * n}": f"torch DataLoader, Pillow decode+resize, {2 * n} workers",
+        f"dataloader_fast_w{n}": "torch DataLoader running gpu_loader's per-sample path "
+        f"(ops.load_into), {n} workers",
+        "spdl_io": f"SPDL 0.8 pipeline, spdl.io (FFmpeg) decode+crop+scale, {n} threads",
+        "spdl_fast": "SPDL 0.8 pipeline running gpu_loader's per-sample path (ops.load_into), "
+        f"{n} threads",
+        "spdl_simplejpeg": "SPDL 0.8 pipeline, simplejpeg decode + Pillow resize per image "
+        f"(gpu_loader's pillow backend), {n} threads",
+        "dali_cpu": f"DALI CPU pipeline (device_id=None), {n} threads",
+    }
+
+
+def baseline(n: int) -> str:
+    """The system every ratio is taken against: DataLoader+Pillow at ``n`` workers."""
+    return f"dataloader_pillow_w{n}"
 
 
 # ---------------------------------------------------------------- shared sample logic
@@ -169,7 +184,7 @@ def iter_dataloader(sample_cls: type, workers: int) -> Callable[[Path, str], Ite
 
 
 def iter_spdl(
-    sample: Callable[[Path, str], Callable[[int], Any]],
+    sample: Callable[[Path, str], tuple[Callable[[int], Any], int]], threads: int
 ) -> Callable[[Path, str], Iterator[Any]]:
     def run(data: Path, kind: str) -> Iterator[Any]:
         import random
@@ -182,11 +197,11 @@ def iter_spdl(
         pipeline = (
             PipelineBuilder()
             .add_source(order)
-            .pipe(load_one, concurrency=2, output_order="input")
+            .pipe(load_one, concurrency=threads, output_order="input")
             .aggregate(BATCH)
             .pipe(collate)
             .add_sink(3)
-            .build(num_threads=2)
+            .build(num_threads=threads)
         )
         with pipeline.auto_stop():
             yield from pipeline
@@ -235,7 +250,11 @@ def spdl_simplejpeg_sample(data: Path, kind: str) -> tuple[Callable[[int], Any],
     return spdl_fast_sample(data, kind)
 
 
-def iter_dali(data: Path, kind: str) -> Iterator[Any]:
+def iter_dali(threads: int) -> Callable[[Path, str], Iterator[Any]]:
+    return lambda data, kind: _dali_batches(data, kind, threads)
+
+
+def _dali_batches(data: Path, kind: str, threads: int) -> Iterator[Any]:
     import numpy as np
     import torch
     from nvidia.dali import fn, pipeline_def, types
@@ -245,7 +264,7 @@ def iter_dali(data: Path, kind: str) -> Iterator[Any]:
     mean = [255 * m for m in transform.mean]
     std = [255 * s for s in transform.std]
 
-    @pipeline_def(batch_size=BATCH, num_threads=2, device_id=None, seed=0)  # type: ignore[untyped-decorator]
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, seed=0)  # type: ignore[untyped-decorator]
     def pipe() -> Any:
         jpegs, label = fn.readers.file(
             files=files, labels=labels, random_shuffle=True, name="reader"
@@ -292,27 +311,37 @@ def iter_dali(data: Path, kind: str) -> Iterator[Any]:
         )
 
 
-QUICK_SYSTEMS = ["gpu_loader", "dataloader_pillow_w2", "dataloader_fast_w2"]
-
-RUNNERS: dict[str, Callable[[Path, str], Iterable[Any]]] = {
-    "gpu_loader": iter_gpu_loader,
-    "dataloader_pillow_w2": iter_dataloader(PillowSample, 2),
-    "dataloader_pillow_w4": iter_dataloader(PillowSample, 4),
-    "dataloader_fast_w2": iter_dataloader(FastSample, 2),
-    "spdl_io": iter_spdl(spdl_io_sample),
-    "spdl_fast": iter_spdl(spdl_fast_sample),
-    "spdl_simplejpeg": iter_spdl(spdl_simplejpeg_sample),
-    "dali_cpu": iter_dali,
-}
+def quick_systems(n: int) -> list[str]:
+    return ["gpu_loader", baseline(n), f"dataloader_fast_w{n}"]
 
 
-def measure(system: str, data: Path, kind: str) -> dict[str, Any]:
+def runners(n: int) -> dict[str, Callable[[Path, str], Iterable[Any]]]:
+    """How each of `systems(n)` runs (the same names, the same order)."""
+    return dict(
+        zip(
+            systems(n),
+            [
+                iter_gpu_loader,
+                iter_dataloader(PillowSample, n),
+                iter_dataloader(PillowSample, 2 * n),
+                iter_dataloader(FastSample, n),
+                iter_spdl(spdl_io_sample, n),
+                iter_spdl(spdl_fast_sample, n),
+                iter_spdl(spdl_simplejpeg_sample, n),
+                iter_dali(n),
+            ],
+            strict=True,
+        )
+    )
+
+
+def measure(system: str, data: Path, kind: str, peer_workers: int) -> dict[str, Any]:
     """One pass over the data; wall and process-tree CPU time after the warm-up batches."""
     timer = Timer()
     images = 0
     shape: list[int] = []
     last = 0.0
-    iterator = iter(RUNNERS[system](data, kind))
+    iterator = iter(runners(peer_workers)[system](data, kind))
     timed = 0
     for batches, batch in enumerate(iterator, start=1):
         if batches == WARMUP_BATCHES:
@@ -377,7 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
     parser.add_argument("--num-images", type=int, default=2000)
     parser.add_argument("--transforms", default="train,eval", help="comma list: train,eval")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of systems")
+    parser.add_argument(
+        "--systems", help="comma list of systems (default: all of them; see the JSON's 'systems')"
+    )
+    parser.add_argument(
+        "--peer-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes / threads for DataLoader, SPDL and DALI (default: the CPU "
+        "count, as gpu_loader's automatic threads)",
+    )
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
     parser.add_argument(
         "--repeats",
@@ -388,15 +426,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"smoke run: {QUICK_IMAGES} images, train only, one round, gpu_loader vs the "
-        "two DataLoader variants",
+        help=f"smoke run: {QUICK_IMAGES} images, train only, one round, gpu_loader vs "
+        "DataLoader with Pillow and with gpu_loader's per-sample path",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    workers = args.peer_workers
+    if workers < 1:
+        parser.error(f"--peer-workers must be >= 1, got {workers}")
+    known = systems(workers)
     if args.worker:
-        print(json.dumps(measure(args.worker, args.data, args.kind)))
+        print(json.dumps(measure(args.worker, args.data, args.kind, workers)))
         return 0
 
     num = QUICK_IMAGES if args.quick else args.num_images
@@ -404,11 +446,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.data is None and num < least:
         parser.error(f"--num-images must be at least {least} ({MIN_TIMED_BATCHES} timed batches)")
     kinds = ["train"] if args.quick else args.transforms.split(",")
-    systems = QUICK_SYSTEMS if args.quick else args.systems.split(",")
+    chosen = quick_systems(workers) if args.quick else (args.systems or ",".join(known)).split(",")
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        parser.error(
+            f"unknown system(s) {unknown} with --peer-workers {workers}; choose from {list(known)}"
+        )
     repeats = 1 if args.quick else args.repeats
     data = ensure_dataset(args.data, num)
     runnable = []
-    for system in systems:
+    for system in chosen:
         why = available(system)
         if why is None:
             runnable.append(system)
@@ -435,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                         kind,
                         "--data",
                         str(data),
+                        "--peer-workers",
+                        str(workers),
                     ]
                 )
                 runs.append(
@@ -446,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
                         **result,
                     }
                 )
-    rows = summarize(runs)
+    base = baseline(workers)
+    rows = summarize(runs, base)
     columns = [
         ("transform", "transform"),
         ("system", "system"),
@@ -454,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         ("cpu_s_per_1000", "CPU-s/1000 img"),
         ("cores", "cores used"),
         ("peak_pss_mb", "peak PSS MB"),
-        ("speedup_vs_pillow_w2", "x DataLoader+Pillow(2)"),
-        ("cpu_vs_pillow_w2", "CPU/img vs DataLoader+Pillow(2)"),
+        ("speedup_vs_baseline", f"x DataLoader+Pillow({workers})"),
+        ("cpu_vs_baseline", f"CPU/img vs DataLoader+Pillow({workers})"),
         ("error", "error"),
     ]
     table = format_table(rows, columns)
@@ -465,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
             "dataset": {"path": str(data), "images": num},
             "batch_size": BATCH,
             "repeats": repeats,
-            "systems": SYSTEMS,
+            "peer_workers": workers,
+            "baseline": base,
+            "systems": known,
             "rows": rows,
             "runs": runs,
             "table": table,
@@ -486,12 +538,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(runs: list[dict[str, Any]], base_system: str) -> list[dict[str, Any]]:
     """One row per (transform, system): medians over the rounds; ratios per round, then median.
 
-    ``speedup_vs_pillow_w2`` / ``cpu_vs_pillow_w2``: img/s and CPU-s per image over
-    DataLoader+Pillow (2 workers) in the same round. ``vs_best_other`` (gpu_loader rows):
-    its median img/s over the best median img/s of any other system.
+    ``speedup_vs_baseline`` / ``cpu_vs_baseline``: img/s and CPU-s per image over
+    ``base_system`` (DataLoader+Pillow at the peers' worker count) in the same round.
+    ``vs_best_other`` (gpu_loader rows): its median img/s over the best median img/s of
+    any other system.
     """
     import statistics
 
@@ -501,7 +554,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = {
         (r["round"], r["transform"]): r
         for r in runs
-        if r["system"] == "dataloader_pillow_w2" and "img_per_s" in r
+        if r["system"] == base_system and "img_per_s" in r
     }
     rows: list[dict[str, Any]] = []
     keys = dict.fromkeys((r["transform"], r["system"]) for r in runs)
@@ -524,8 +577,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if ref:
                 speed.append(r["img_per_s"] / ref["img_per_s"])
                 cpu.append(r["cpu_s_per_1000"] / ref["cpu_s_per_1000"])
-        row["speedup_vs_pillow_w2"] = med(speed)
-        row["cpu_vs_pillow_w2"] = med(cpu)
+        row["speedup_vs_baseline"] = med(speed)
+        row["cpu_vs_baseline"] = med(cpu)
         row["batch_shape"] = ok[-1].get("batch_shape")
         rows.append(row)
     for kind in dict.fromkeys(k for k, _ in keys):

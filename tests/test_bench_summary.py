@@ -4,7 +4,7 @@ stragglers.py (the stall heavy images cause)."""
 from __future__ import annotations
 
 import pytest
-from gpu_loader.benchmarks.cpu_loaders import summarize
+from gpu_loader.benchmarks.cpu_loaders import baseline, summarize, systems
 
 
 def run(round_no: int, system: str, img_s: float, cpu: float) -> dict[str, object]:
@@ -31,11 +31,11 @@ def test_ratios_are_taken_within_a_round_then_the_median() -> None:
         run(2, "dataloader_pillow_w2", 300.0, 2.4),
         {"round": 2, "transform": "train", "system": "dali_cpu", "error": "exit 1"},
     ]
-    rows = {r["system"]: r for r in summarize(runs)}
+    rows = {r["system"]: r for r in summarize(runs, "dataloader_pillow_w2")}
     ours = rows["gpu_loader"]
     assert ours["img_per_s"] == 900.0  # median of 1000, 500, 900
-    assert ours["speedup_vs_pillow_w2"] == pytest.approx(2.5)  # median of 2.5, 2.5, 3.0
-    assert ours["cpu_vs_pillow_w2"] == pytest.approx(1.0 / 3.0)  # median of 1/3, 1/3, 1/2
+    assert ours["speedup_vs_baseline"] == pytest.approx(2.5)  # median of 2.5, 2.5, 3.0
+    assert ours["cpu_vs_baseline"] == pytest.approx(1.0 / 3.0)  # median of 1/3, 1/3, 1/2
     assert ours["cores"] == pytest.approx(1.0)  # median of 1.0, 0.5, 1.08
     assert ours["peak_pss_mb"] == 102.0
     assert rows["dali_cpu"]["rounds"] == 2  # the failed round is left out
@@ -45,9 +45,27 @@ def test_ratios_are_taken_within_a_round_then_the_median() -> None:
 
 def test_a_system_that_never_ran_keeps_its_error() -> None:
     runs = [{"round": 0, "transform": "eval", "system": "spdl_io", "error": "exit 1: boom"}]
-    (row,) = summarize(runs)
+    (row,) = summarize(runs, "dataloader_pillow_w2")
     assert row["error"] == "exit 1: boom"
     assert "img_per_s" not in row
+
+
+def test_peers_scale_with_the_machine() -> None:
+    # On 16 CPUs, DataLoader and SPDL at 2 workers would flatter gpu_loader's 16 threads.
+    names = systems(16)
+    assert baseline(16) == "dataloader_pillow_w16" and baseline(16) in names
+    assert {"dataloader_pillow_w32", "dataloader_fast_w16"} <= set(names)
+    assert "16 threads" in names["spdl_fast"] and "16 threads" in names["dali_cpu"]
+    assert list(systems(2)) == [
+        "gpu_loader",
+        "dataloader_pillow_w2",
+        "dataloader_pillow_w4",
+        "dataloader_fast_w2",
+        "spdl_io",
+        "spdl_fast",
+        "spdl_simplejpeg",
+        "dali_cpu",
+    ]
 
 
 def test_heavy_stall_is_decode_minus_its_control_per_system() -> None:
