@@ -108,6 +108,8 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     )
     assert inspected.returncode == 0, inspected.stderr
     assert "recommended: LoaderOptions(io_threads=" in inspected.stdout
+    # The rate quoted is the loader's own on those images, not the stages' alone.
+    assert "img/s measured through ImageLoader on these 12 images" in inspected.stdout
     assert "CPU backend: native (C, libjpeg-turbo " in inspected.stdout
     assert "decode" in inspected.stdout and "read" in inspected.stdout
 
