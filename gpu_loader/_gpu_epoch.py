@@ -30,7 +30,7 @@ from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS, limit_fai
 if TYPE_CHECKING:
     import torch
 
-    from gpu_loader.cuda import GpuPorts, WorkerState
+    from gpu_loader.cuda import WorkerState
     from gpu_loader.loader import ImageLoader
 
 
@@ -52,7 +52,7 @@ class GpuEpoch(EpochBase):
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         super().__init__(loader, resume)
         opts = loader.options
-        self.ports = opts.gpu_ports if opts.gpu_ports is not None else _cuda_ports(loader)
+        self.ports = loader._gpu_ports()
         self.arena, self.pixel_arena = loader._gpu_arenas(self.ports)
         self.workers = loader._gpu_workers(self.ports)
         self.gpu_failures: list[FailedSample] = []
@@ -238,9 +238,3 @@ class GpuEpoch(EpochBase):
 def _batch_key(samples: Sequence[FetchedSample]) -> str:
     keys = [s.key for s in samples]
     return keys[0] if len(keys) == 1 else f"{keys[0]} (+{len(keys) - 1} in the batch)"
-
-
-def _cuda_ports(loader: ImageLoader) -> GpuPorts:
-    from gpu_loader.cuda import cuda_ports
-
-    return cuda_ports(loader.device)

@@ -332,6 +332,7 @@ class ImageLoader:
         self._arenas: tuple[PinnedArena, PinnedArena] | None = None
         self._pool: BatchPool | None = None
         self._arena_ports: GpuPorts | None = None
+        self._cuda_ports: GpuPorts | None = None  # made at the first GPU epoch, then kept
         self._gpu_worker_pool: WorkerPool | None = None
         self._logger: JsonlLogger | None = None
 
@@ -669,6 +670,18 @@ class ImageLoader:
             keep = self.options.prefetch_batches + self.options.max_delay_batches + 2
             self._pool = BatchPool(tail, dtype, keep=keep)
         return self._pool
+
+    def _gpu_ports(self) -> GpuPorts:
+        """The GPU path's ports: the options' own, or the CUDA ones made once per loader
+        (`cuda_ports` returns a new object each call, and the arenas and the worker pool
+        are kept across epochs only while the ports are the same object)."""
+        if self.options.gpu_ports is not None:
+            return self.options.gpu_ports
+        if self._cuda_ports is None:
+            from gpu_loader.cuda import cuda_ports
+
+            self._cuda_ports = cuda_ports(self.device)
+        return self._cuda_ports
 
     def _gpu_arenas(self, ports: GpuPorts) -> tuple[PinnedArena, PinnedArena]:
         """The pinned arenas, made once and reused every epoch: one for fetched bytes, and

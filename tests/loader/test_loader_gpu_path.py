@@ -208,3 +208,34 @@ def test_fetches_stopped_by_close_are_not_failures(unique_list: FileList) -> Non
         assert epoch.received.state()["failed"] == [[2, 3]]
     finally:
         epoch.close()
+
+
+def test_the_cuda_ports_are_made_once_so_arenas_and_decoders_last_across_epochs(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuda_ports() returns a new object per call, and the arenas and the worker pool are
+    # kept only while the ports stay the same object: asked for per epoch, every epoch
+    # reallocated 256 MiB of pinned memory and made new decoders (about 1 s each).
+    import gpu_loader.cuda
+
+    made: list[Any] = []
+
+    def fresh_ports(device: Any = "cuda", **kw: Any) -> Any:
+        made.append(standin_ports())
+        return made[-1]
+
+    monkeypatch.setattr(gpu_loader.cuda, "cuda_ports", fresh_ports)
+    options = gl.LoaderOptions(decode_on="gpu", arena_bytes=16 * 2**20, monitor_gpu=False)
+    loader = gl.ImageLoader(
+        unique_list, batch_size=8, transform=TrainTransform(SIZE), options=options
+    )
+    loader.device = torch.device("cuda")  # what `device="cuda"` resolves to on a GPU machine
+    kept = []
+    for _ in range(3):
+        assert sorted(labels_of(loader)) == list(range(len(unique_list)))
+        assert loader._arenas is not None and loader._gpu_worker_pool is not None
+        kept.append((loader._arenas[0], loader._gpu_worker_pool, loader._gpu_worker_pool.created))
+    assert len(made) == 1
+    assert all(k[0] is kept[0][0] and k[1] is kept[0][1] for k in kept)
+    assert kept[-1][2] == kept[0][2]  # no decoder made after the first epoch
+    assert made[0].runtime.violations == []
