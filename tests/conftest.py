@@ -13,6 +13,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if cuda_available():
         return
-    skip = pytest.mark.skip(reason="needs_cuda: no usable CUDA device (cupy/torch see none)")
+    skip = pytest.mark.skip(reason="needs_cuda: no usable CUDA device (torch sees none)")
     for item in marked:
         item.add_marker(skip)
