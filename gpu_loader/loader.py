@@ -822,5 +822,18 @@ def _make_monitor(loader: ImageLoader) -> Monitor:
         return Monitor(MonitorConfig(gpu="off"))
     devices = None
     if loader.device.type == "cuda":
-        devices = nvml_indices_for_cuda([loader.device.index or 0])
+        devices = nvml_indices_for_cuda([_cuda_index(loader.device)])
     return Monitor(MonitorConfig(gpu="auto", gpu_devices=devices))
+
+
+def _cuda_index(device: torch.device) -> int:
+    """The CUDA device a plain "cuda" means: torch's current one (what the copies and the
+    GPU path's streams use; DDP sets it per rank with `torch.cuda.set_device`), not 0."""
+    if device.index is not None:
+        return device.index
+    import torch
+
+    try:
+        return int(torch.cuda.current_device())
+    except (RuntimeError, AssertionError):  # no usable CUDA: the monitor says "no GPU"
+        return 0

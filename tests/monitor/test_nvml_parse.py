@@ -150,3 +150,23 @@ def test_nvml_indices_for_cuda(
 ) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert nvml_indices_for_cuda(cuda, visible) == expected
+
+
+def test_a_plain_cuda_device_is_watched_on_torchs_current_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DDP ranks call torch.cuda.set_device(local_rank) and pass device="cuda": each rank
+    # reported GPU 0's utilisation.
+    import torch
+
+    from gpu_loader.loader import _cuda_index
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _cuda_index(torch.device("cuda")) == 3
+    assert _cuda_index(torch.device("cuda:1")) == 1
+
+    def no_cuda() -> int:
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "current_device", no_cuda)
+    assert _cuda_index(torch.device("cuda")) == 0
