@@ -228,7 +228,14 @@ class GpuEpoch(EpochBase):
         # The fetch pipeline first: the decode pipeline's source thread iterates it.
         self.fetch_pipeline.close()
         self.decode_pipeline.close()
-        self.workers.reclaim()  # the workers have joined: their states can serve again
+        self.workers.reclaim()  # the workers that joined: their states can serve again
+        if self.fetch_pipeline.threads or self.decode_pipeline.threads:
+            # A thread that would not stop in the join timeout (a read hung on remote
+            # storage, a stuck decode) may still write its slice or read one: handing those
+            # bytes to the next epoch's samples could corrupt them. Give the arenas up; the
+            # loader makes new ones.
+            self.loader._drop_gpu_arenas(self.arena)
+            return
         # Slices of samples dropped in queues never reached the stage that releases them;
         # every worker has joined, so none can still be read.
         self.arena.reset()

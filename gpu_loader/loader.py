@@ -698,6 +698,11 @@ class ImageLoader:
             self._arena_ports = ports
         return self._arenas
 
+    def _drop_gpu_arenas(self, arena: PinnedArena) -> None:
+        """Stop reusing the arenas ``arena`` belongs to (a thread may still use them)."""
+        if self._arenas is not None and self._arenas[0] is arena:
+            self._arenas = None
+
     def _gpu_workers(self, ports: GpuPorts) -> WorkerPool:
         """GPU worker states (stream + decoder), kept across epochs like the arena."""
         from gpu_loader.cuda import WorkerPool

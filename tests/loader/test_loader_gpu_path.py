@@ -239,3 +239,48 @@ def test_the_cuda_ports_are_made_once_so_arenas_and_decoders_last_across_epochs(
     assert all(k[0] is kept[0][0] and k[1] is kept[0][1] for k in kept)
     assert kept[-1][2] == kept[0][2]  # no decoder made after the first epoch
     assert made[0].runtime.violations == []
+
+
+class _HangsOn:
+    """A source whose read of one sample waits for ``release`` (remote storage hung)."""
+
+    def __init__(self, inner: FileList, index: int) -> None:
+        self.inner, self.index = inner, index
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def readinto(self, i: int, buf: Any) -> int:
+        if i == self.index:
+            self.entered.set()
+            self.release.wait(30)
+        return self.inner.readinto(i, buf)
+
+
+def test_arenas_are_not_reused_while_a_thread_that_would_not_stop_may_use_them(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The join gives up after its timeout and leaves the thread running; resetting the
+    # arena then would let its late write land in the next epoch's samples' bytes.
+    from gpu_loader.pipeline._runtime import Runtime
+
+    monkeypatch.setattr(Runtime.shutdown, "__defaults__", (0.3,))
+    source = _HangsOn(unique_list, index=12)
+    loader = make(source, shuffle=False)
+    try:
+        it = iter(loader)
+        next(it)
+        assert source.entered.wait(10)
+        assert loader._arenas is not None
+        first = loader._arenas[0]
+        loader.close()  # the hung fetch thread outlives the join
+        assert loader._arenas is None or loader._arenas[0] is not first
+        source.release.set()
+        assert sorted(labels_of(loader)) == list(range(len(unique_list)))
+        assert loader._arenas is not None and loader._arenas[0] is not first
+    finally:
+        source.release.set()
