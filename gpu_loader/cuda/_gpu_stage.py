@@ -427,9 +427,16 @@ class GpuBatchStage:
         except Exception:  # the whole call failed: every sample tries the CPU decoder
             return out
         if len(results) != len(which):
-            raise RuntimeError(
-                f"the batch decoder returned {len(results)} images for {len(which)} inputs"
+            # nvImageCodec 0.9 keeps positions (None where one failed); older releases
+            # dropped failed entries, so no image can be matched to its sample: every
+            # sample tries the CPU decoder instead of the batch failing.
+            _log.warning(
+                "the batch decoder returned %d images for %d inputs; decoding this batch "
+                "on the CPU",
+                len(results),
+                len(which),
             )
+            return out
         for i, image in zip(which, results, strict=True):
             out[i] = image
         return out

@@ -104,6 +104,8 @@ def as_device_image(image: Any) -> DeviceImage | None:
     shape = tuple(iface["shape"])
     if len(shape) != 3 or shape[2] != 3 or np.dtype(iface["typestr"]) != np.uint8:
         return None
-    strides = iface.get("strides")
+    # The image's own strides: nvImageCodec leaves the interface's None for interleaved
+    # images (packed rows today; a padded row pitch would otherwise be read as 3 * width).
+    strides = getattr(image, "strides", None) or iface.get("strides")
     pitch = int(strides[0]) if strides else 3 * int(shape[1])
     return DeviceImage(int(iface["data"][0]), int(shape[0]), int(shape[1]), pitch, owner=image)

@@ -1,4 +1,4 @@
-"""cuda_available: torch decides, as every CUDA piece of the loader goes through it."""
+"""The CUDA probe (torch decides) and reading an nvImageCodec image's layout."""
 
 from __future__ import annotations
 
@@ -34,3 +34,21 @@ def test_a_device_only_cupy_sees_is_not_usable(
     _device.cuda_available.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert _device.cuda_available() is True
+
+
+def test_an_images_row_pitch_comes_from_its_own_strides() -> None:
+    # nvImageCodec leaves the array interface's strides None for interleaved images; a
+    # padded row (its `strides` say so) must not be read as 3 * width.
+    from gpu_loader.cuda._nvimgcodec import as_device_image
+
+    class Image:
+        buffer_kind = "ImageBufferKind.STRIDED_HOST"
+
+        def __init__(self, strides: tuple[int, int, int] | None) -> None:
+            self.strides = strides
+            self.__array_interface__ = {"shape": (2, 5, 3), "typestr": "|u1", "data": (4096, 0)}
+
+    padded = as_device_image(Image((32, 3, 1)))
+    assert padded is not None and padded.pitch == 32 and (padded.height, padded.width) == (2, 5)
+    packed = as_device_image(Image(None))
+    assert packed is not None and packed.pitch == 15

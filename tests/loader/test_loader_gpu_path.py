@@ -284,3 +284,36 @@ def test_arenas_are_not_reused_while_a_thread_that_would_not_stop_may_use_them(
         assert loader._arenas is not None and loader._arenas[0] is not first
     finally:
         source.release.set()
+
+
+def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
+    unique_list: FileList, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nvImageCodec before 0.9 left failed images out of its result list instead of a None
+    # in their place: no image could be matched to its sample, and the batch failed.
+    import dataclasses
+
+    ports = standin_ports()
+    make_decoder = ports.make_decoder
+
+    class Dropping:
+        def __init__(self) -> None:
+            self.inner = make_decoder()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def decode(self, data: Any, stream: Any) -> list[Any]:
+            return list(self.inner.decode(data, stream))[:-1]
+
+    dropping = dataclasses.replace(ports, make_decoder=Dropping)
+    reference = make(unique_list, transform=EvalTransform(SIZE), shuffle=False)
+    expected = [(x.clone(), y) for x, y in reference]
+    with caplog.at_level("WARNING", logger="gpu_loader.cuda"):
+        loader = make(unique_list, dropping, transform=EvalTransform(SIZE), shuffle=False)
+        got = [(x.clone(), y) for x, y in loader]
+    assert "decoding this batch on the CPU" in caplog.text
+    assert loader.failed_samples() == []
+    assert len(got) == len(expected)
+    for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
+        assert torch.equal(ye, yg) and torch.allclose(xe, xg, atol=0.05)
