@@ -1,4 +1,4 @@
-"""Every kernels/*.cu compiles: nvcc for sm_80 and sm_90, NVRTC with the loader's exact
+"""Every kernels/*.cu compiles: nvcc for sm_75 to sm_120, NVRTC with the loader's exact
 options, and the host C++ compiler through the emulation header."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpu_loader.cuda._kernels import KERNEL_SOURCES, NVRTC_OPTIONS, nvrtc_option
 from gpu_loader.cuda._launch import KERNEL_NAMES
 
 KERNEL_DIR = Path(str(kernel_dir()))
-ARCHES = ("80", "90")
+ARCHES = ("75", "80", "86", "89", "90", "100", "120")  # T4 .. H100, B200, RTX 50xx
 
 
 def nvcc_path() -> str | None:
