@@ -368,9 +368,10 @@ class ImageLoader:
     def __repr__(self) -> str:
         sampler = self.sampler
         rank = f", rank {sampler.rank} of {sampler.world_size}" if sampler.world_size > 1 else ""
+        out_h, out_w = self.transform.output_size
         return (
             f"ImageLoader({self.source!r}, batch_size={self.batch_size}, "
-            f"transform={type(self.transform).__name__}(size={self.transform.output_size}), "
+            f"transform={type(self.transform).__name__} -> {out_h}x{out_w}, "
             f"device='{self.device}', dtype='{self.dtype}', shuffle={self.shuffle}, "
             f"batching='{self.batching}', epoch {self.epoch}{rank}, {len(self)} batches)"
         )
@@ -488,11 +489,21 @@ class ImageLoader:
         if self._restored:  # loaded and not iterated yet: an older epoch's iterator may
             if self._resume is not None:  # still be alive, but this is the progress
                 state["batcher"] = self._resume
+        elif self._fresh_start_pending():
+            pass  # the next pass starts the sampler's epoch from its beginning
         elif active is not None and not active.finished:
             state["batcher"] = active.received.state()
         elif active is None and self._closed_progress is not None:
             state["batcher"] = self._closed_progress  # cut short and already freed
         return state
+
+    def _fresh_start_pending(self) -> bool:
+        """The next pass starts an epoch afresh whatever the last pass delivered:
+        `set_epoch` chose it again since, or ``loader.sampler.set_epoch`` chose another
+        (which the next pass takes as `set_epoch`). A state must not pair that epoch with
+        the last pass's progress."""
+        chosen_again = self._explicit_epoch and not self._epoch_begun
+        return chosen_again or self.sampler.epoch != self._known_epoch
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state_dict()`: the next iteration yields exactly what was left.
@@ -748,8 +759,6 @@ class ImageLoader:
 
 # DataLoader arguments a migrating training script passes, and what takes their place.
 _DATALOADER_ARGS = {
-    "dataset": "pass it as `source`, the first argument (a folder, .csv or .tar path, or "
-    "a gpu_loader.sources index)",
     "num_workers": "use LoaderOptions(decode_threads=n) (threads, not processes; default: "
     "the CPU count)",
     "pin_memory": "use LoaderOptions(pin_memory=True)",

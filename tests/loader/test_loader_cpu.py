@@ -257,6 +257,32 @@ def test_a_checkpoint_after_break_keeps_its_progress_once_the_epoch_is_collected
     assert loader.state_dict().get("batcher") is None
 
 
+@pytest.mark.parametrize("choose", ["sampler.set_epoch(next)", "set_epoch(same)"])
+def test_a_checkpoint_after_break_and_a_new_epoch_choice_has_no_stale_progress(
+    unique_list: FileList, choose: str
+) -> None:
+    # Either choice makes the next pass start an epoch from its beginning; a state that
+    # paired it with the cut-short pass's progress made resume skip samples.
+    loader = make(unique_list, seed=7)
+    for step, _ in enumerate(loader):
+        if step == 1:
+            break
+    if choose == "set_epoch(same)":
+        loader.set_epoch(loader.epoch)
+    else:
+        loader.sampler.set_epoch(loader.epoch + 1)
+    for collect in (False, True):
+        if collect:
+            gc.collect()
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state.get("batcher") is None, collect
+        resumed = make(unique_list, seed=7)
+        resumed.load_state_dict(state)
+        assert sorted(labels_of(run_epoch(resumed))) == list(range(len(unique_list)))
+        assert resumed.epoch == loader.sampler.epoch
+    assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
+
+
 def test_straggler_resume_delivers_the_rest_once(unique_list: FileList) -> None:
     loader = make(unique_list, seed=4, batching="straggler")
     it = iter(loader)
