@@ -843,21 +843,22 @@ done:
 
 /* ------------------------------------------------------------------ whole-file reads */
 
-/* read_regular(path, limit) -> bytes | (st_mode, size)
+/* read_regular(path, limit) -> bytes | (st_mode, size, grew)
  *
  * open + fstat + read to EOF + close with the GIL released once. Python's own file calls
  * release and retake it for each system call (six to eight per file), and every retake
  * waits behind the threads that hold it. Opened non-blocking (a FIFO fails at once). A file
  * that is not regular, or holds more than `limit` bytes (-1: no limit), is not read: its
- * (st_mode, size) comes back for the caller to word the error. System errors raise OSError
- * with the path. */
+ * (st_mode, size, 0) comes back for the caller to word the error; one that grows past the
+ * limit while it is read gives (st_mode, bytes read, 1). System errors raise OSError with
+ * the path. */
 static PyObject *py_read_regular(PyObject *self, PyObject *args) {
     PyObject *path_arg, *path_bytes = NULL;
     long long limit;
     if (!PyArg_ParseTuple(args, "OL:read_regular", &path_arg, &limit)) return NULL;
     if (!PyUnicode_FSConverter(path_arg, &path_bytes)) return NULL;
     const char *path = PyBytes_AS_STRING(path_bytes);
-    int err = 0, nomem = 0, refused = 0;
+    int err = 0, nomem = 0, refused = 0, grew = 0;
     mode_t mode = 0;
     char *buf = NULL;
     size_t len = 0;
@@ -889,16 +890,19 @@ static PyObject *py_read_regular(PyObject *self, PyObject *args) {
         while (buf != NULL) {
             if (len == cap) {
                 if (limit >= 0 && (long long)len > limit) {
-                    refused = 1;
+                    refused = grew = 1;
                     break;
                 }
-                char *grown = realloc(buf, cap * 2);
+                /* Never more room than one byte past the limit: reaching it is enough. */
+                size_t more = cap * 2;
+                if (limit >= 0 && more > (size_t)limit + 1) more = (size_t)limit + 1;
+                char *grown = realloc(buf, more);
                 if (grown == NULL) {
                     nomem = 1;
                     break;
                 }
                 buf = grown;
-                cap *= 2;
+                cap = more;
             }
             ssize_t n = read(fd, buf + len, cap - len);
             if (n < 0) {
@@ -909,7 +913,7 @@ static PyObject *py_read_regular(PyObject *self, PyObject *args) {
             if (n == 0) break;
             len += (size_t)n;
         }
-        if (limit >= 0 && (long long)len > limit) refused = 1;
+        if (limit >= 0 && (long long)len > limit) refused = grew = 1;
     }
     if (fd >= 0) close(fd);
     Py_END_ALLOW_THREADS
@@ -921,7 +925,7 @@ static PyObject *py_read_regular(PyObject *self, PyObject *args) {
     } else if (nomem) {
         PyErr_NoMemory();
     } else if (refused) {
-        result = Py_BuildValue("(iK)", (int)mode, (unsigned long long)len);
+        result = Py_BuildValue("(iKi)", (int)mode, (unsigned long long)len, grew);
     } else {
         result = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
     }
@@ -947,7 +951,7 @@ static PyMethodDef methods[] = {
      "Philox(key=key_low | key_high << 64), for tests."},
     {"read_regular", py_read_regular, METH_VARARGS,
      "read_regular(path, limit)\n\nA regular file's bytes, read with the GIL released once; "
-     "(st_mode, size) instead for a file that is not regular or holds more than limit "
+     "(st_mode, size, grew) instead for a file that is not regular or holds more than limit "
      "bytes (-1: no limit). Raises OSError."},
     {"convert", py_convert, METH_VARARGS,
      "convert(float32_src, dst, dtype)\n\nThe float16 (1) / bfloat16 (2) rounding the stores "

@@ -71,10 +71,15 @@ def check_size(key: str, size: int) -> None:
     """Refuse a sample over the byte limit before any of it is read."""
     limit = _max_file_bytes
     if limit is not None and size > limit:
-        raise ValueError(
-            f"sample {key!r} is {size:,} bytes, over the {limit:,}-byte limit for one "
-            "sample; gpu_loader.sources.set_max_file_bytes(n) raises it"
-        )
+        raise _over_limit(key, size, limit)
+
+
+def _over_limit(key: str, size: int, limit: int, *, grew: bool = False) -> ValueError:
+    if grew:
+        what = f"grew past the {limit:,}-byte limit for one sample while it was read"
+    else:
+        what = f"is {size:,} bytes, over the {limit:,}-byte limit for one sample"
+    return ValueError(f"sample {key!r} {what}; gpu_loader.sources.set_max_file_bytes(n) raises it")
 
 
 def open_regular(key: str, path: str, what: str = "sample") -> io.FileIO:
@@ -190,20 +195,43 @@ def _read_local(key: str, path: str) -> bytes:
     retake waits), else Python's; the same checks either way."""
     from gpu_loader.ops._backend import native_module
 
+    limit = _max_file_bytes  # read once: another thread may change it meanwhile
     native = native_module()
     if native is None:
         with open_regular(key, path) as f:
-            check_size(key, os.fstat(f.fileno()).st_size)
-            return f.readall()
-    limit = _max_file_bytes
-    got = native.read_regular(path, -1 if limit is None else limit)
+            size = os.fstat(f.fileno()).st_size
+            if limit is None or limit >= _C_LONG_MAX:
+                return f.readall()
+            if size > limit:
+                raise _over_limit(key, size, limit)
+            return _read_capped(f, key, limit)  # a file may hold more than fstat said
+    got = native.read_regular(path, -1 if limit is None or limit >= _C_LONG_MAX else limit)
     if isinstance(got, bytes):
         return got
-    mode, size = got
+    mode, size, grew = got
     if not stat.S_ISREG(mode):
         raise _not_regular(key, path, mode, "sample")
-    check_size(key, size)  # raises: over the limit (or grown past it while read)
-    raise AssertionError(f"read_regular refused {key!r} without a reason")
+    if limit is None:  # only a file that is not regular is refused without a limit
+        raise AssertionError(f"read_regular refused {key!r} without a reason")
+    raise _over_limit(key, size, limit, grew=bool(grew))
+
+
+_C_LONG_MAX = 2**63 - 1  # a larger limit is no limit (no file is larger; nor does it fit C)
+
+
+def _read_capped(f: io.FileIO, key: str, limit: int) -> bytes:
+    """Read to EOF, refusing the file once it passes ``limit`` bytes (a /proc file claims
+    0 bytes, and a file may grow while it is read)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = f.read(limit + 1 - total)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise _over_limit(key, total, limit, grew=True)
 
 
 def _read_url_capped(key: str, location: str) -> bytes:

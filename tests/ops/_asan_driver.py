@@ -97,15 +97,19 @@ def _check_reads(native: object, cases: list[bytes]) -> int:
             with open(path, "wb") as f:
                 f.write(data)
             assert read(path, -1) == data and read(path, len(data)) == data
-            assert read(path, len(data) - 1) == (os.stat(path).st_mode, len(data))
+            assert read(path, len(data) - 1) == (os.stat(path).st_mode, len(data), 0)
             count += 3
         with open("/proc/self/cmdline", "rb") as f:
             assert read("/proc/self/cmdline", -1) == f.read()
+        _, size, grew = read("/proc/self/status", 100)  # claims 0 bytes, holds more
+        assert grew == 1 and size > 100
         assert isinstance(read(tmp, -1), tuple) and isinstance(read("/dev/null", -1), tuple)
         try:
             read(os.path.join(tmp, "missing"), -1)
         except FileNotFoundError:
             count += 1
+        else:
+            raise AssertionError("a missing file was read")
     return count
 
 

@@ -233,6 +233,45 @@ def test_local_reads_at_the_limit_and_their_errors(tmp_path: Path, reader: str) 
         read_file("nul", str(tmp_path / "a\0.jpg"))
     if os.path.exists("/proc/self/cmdline"):  # regular, but claims 0 bytes: read to EOF
         assert read_file("proc", "/proc/self/cmdline") == Path("/proc/self/cmdline").read_bytes()
+        # ... and held to the limit all the same, whatever its size said.
+        status = len(Path("/proc/self/status").read_bytes())
+        try:
+            set_max_file_bytes(status // 2)
+            with pytest.raises(ValueError, match=r"'proc' grew past the [\d,]+-byte limit"):
+                read_file("proc", "/proc/self/status")
+            set_max_file_bytes(2**64)  # beyond any file: no limit, on both paths
+            assert read_file("k", str(path)) == data
+        finally:
+            set_max_file_bytes(limit)
+
+
+def test_a_limit_changed_during_a_read_words_the_one_it_was_read_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another thread may call set_max_file_bytes while a read is in the native call.
+    from gpu_loader.ops._backend import native_module
+    from gpu_loader.sources import _io
+
+    native = native_module()
+    if native is None:
+        pytest.skip("the native extension is not built")
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"x" * 500)
+
+    class Racing:
+        def read_regular(self, location: str, cap: int) -> object:
+            got = native.read_regular(location, cap)
+            set_max_file_bytes(None)  # lifted meanwhile
+            return got
+
+    monkeypatch.setattr("gpu_loader.ops._backend.native_module", lambda: Racing())
+    limit = max_file_bytes()
+    try:
+        set_max_file_bytes(100)
+        with pytest.raises(ValueError, match="is 500 bytes, over the 100-byte limit"):
+            _io.read_file("k", str(path))
+    finally:
+        set_max_file_bytes(limit)
 
 
 def test_a_url_over_the_byte_limit_is_refused_with_its_key(
