@@ -106,7 +106,9 @@ class Sampler:
             self._position = 0
 
     def __iter__(self) -> Iterator[int]:
-        """This rank's sample indices for the current epoch, in loading order."""
+        """This rank's sample indices for the current epoch, in the sampler's order (the
+        loader may start them in another: straggler mode's ``cost_lookahead``, a resumed
+        epoch's remainder)."""
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
