@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import os
 import posixpath
 import re
@@ -25,6 +26,8 @@ from gpu_loader.sources._base import check_index, check_label, fingerprint_of
 
 if TYPE_CHECKING:
     from gpu_loader.sources._io import Buffer
+
+_log = logging.getLogger("gpu_loader.sources")
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
 LABEL_EXTENSION = "cls"
@@ -207,10 +210,38 @@ def index_shard(shard: str) -> list[_Entry]:
                 f"tar shard {shard!r} is not an uncompressed tar archive ({exc}); {hint}"
             ) from None
         with tar:
+            size = _size_of(f)
             try:
-                return _group(shard, tar, _size_of(f))
-            except tarfile.TarError as exc:  # a header that runs past the end, a bad checksum
+                entries = _group(shard, tar, size)
+            except tarfile.TarError as exc:  # a member whose data would start past the end
                 raise ValueError(f"tar shard {shard!r} is truncated or corrupt: {exc}") from exc
+            _check_end(shard, tar, size)
+            return entries
+
+
+def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
+    """tarfile ends its walk quietly at any header after the first that it cannot read
+    (a bad checksum, a block cut short), and the members after it were lost with no
+    error: the walk must have stopped at tar's end-of-archive marker (a zero block)."""
+    end = tar.offset  # where the header that ended the walk starts
+    f: Any = tar.fileobj
+    f.seek(end)
+    block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
+        return
+    if not block:  # a cut that fell on a header boundary, or a writer without the marker
+        _log.warning(
+            "tar shard %r ends at byte %d without tar's end-of-archive marker: it may have "
+            "been cut short, with samples (or the label of its last one) lost",
+            shard,
+            end,
+        )
+        return
+    what = "damaged (its checksum fails)" if len(block) == tarfile.BLOCKSIZE else "cut short"
+    raise ValueError(
+        f"tar shard {shard!r} is truncated or corrupt: the member header at byte {end:,} of "
+        f"{size:,} is {what}, so the members after it cannot be found"
+    )
 
 
 # Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).

@@ -222,6 +222,35 @@ def test_compressed_and_missing_shards_are_clear_errors(shards: list[Path], tmp_
         TarShards([str(cut)])
 
 
+def test_a_damaged_or_cut_member_header_is_not_the_end_of_the_shard(
+    shards: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # tarfile stops quietly at a header it cannot read after the first: the samples after
+    # it vanished, and a cut before an image's .cls left the image with label -1.
+    data = shards[2].read_bytes()
+    with tarfile.open(shards[2]) as tar:
+        headers = [m.offset for m in tar.getmembers()]
+    middle = headers[len(headers) // 2]
+    flipped = bytearray(data)
+    flipped[middle + 10] ^= 0x01  # inside the name field: the checksum no longer matches
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=rf"bad\.tar.*header at byte {middle:,} .* damaged"):
+        TarShards([str(bad)])
+    part = tmp_path / "part.tar"
+    part.write_bytes(data[: middle + 100])
+    with pytest.raises(ValueError, match=rf"part\.tar.*header at byte {middle:,} .* cut short"):
+        TarShards([str(part)])
+    # Cut on a header boundary, it looks like an archive without its end marker: read,
+    # and said.
+    edge = tmp_path / "edge.tar"
+    edge.write_bytes(data[:middle])
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        index = TarShards([str(edge)])
+    assert 0 < len(index) < len(TarShards([str(shards[2])]))
+    assert f"edge.tar' ends at byte {middle} without tar's end-of-archive marker" in caplog.text
+
+
 def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
     index = TarShards([str(shards[2])])
     shards[2].write_bytes(shards[2].read_bytes()[:600])
