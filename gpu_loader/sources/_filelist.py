@@ -74,7 +74,7 @@ class FileList(FileIndex):
         """
         location = os.fspath(path)
         try:
-            data = _io.read_file(location, location)
+            data = _io.read_list_file(location)  # a list, not a sample: no per-sample limit
         except FileNotFoundError:
             raise FileNotFoundError(f"CSV file {location!r} not found") from None
         try:
@@ -87,7 +87,7 @@ class FileList(FileIndex):
                 f"CSV {location!r} line {line}: not UTF-8 text (byte {data[at]:#04x} "
                 f"at offset {at}); save the list as UTF-8"
             ) from None
-        rows = csv.reader(io.StringIO(text))
+        rows = csv.reader(io.StringIO(text, newline=None))  # \n, \r\n and old Mac \r lines
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:
             raise ValueError(

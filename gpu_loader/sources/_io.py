@@ -189,6 +189,17 @@ def read_file(key: str, location: str) -> bytes:
         raise
 
 
+def read_list_file(location: str) -> bytes:
+    """All bytes of a file that lists samples (a CSV): the per-sample byte limit is for
+    images, not for a list of ten million URLs. Regular local files only, as for samples."""
+    path = local_path(location)
+    if path is None:
+        fs, inner = fsspec_fs(location)
+        return fs.cat_file(inner)  # type: ignore[no-any-return]
+    with open_regular(location, path, what="file list") as f:
+        return f.readall()
+
+
 def _read_local(key: str, path: str) -> bytes:
     """A local file's bytes: one native call where the extension is built (Python's file
     calls release and retake the GIL once per system call, and with many threads each

@@ -78,6 +78,28 @@ def test_csv_label_column_may_come_first(tmp_path: Path) -> None:
     assert index.label(0) == 5
 
 
+def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
+    tmp_path: Path,
+) -> None:
+    from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
+
+    write(tmp_path / "a.jpg", image_bytes(1))
+    write(tmp_path / "b.jpg", image_bytes(2))
+    rows = "".join(f"{name},{label}\r" for name, label in (("a.jpg", 3), ("b.jpg", 4)))
+    (tmp_path / "l.csv").write_bytes(("path,label\r" + rows).encode())  # old Mac lines
+    limit = max_file_bytes()
+    try:
+        set_max_file_bytes(16)  # smaller than the list: a limit for images, not for lists
+        index = FileList.from_csv(tmp_path / "l.csv")
+    finally:
+        set_max_file_bytes(limit)
+    assert [index.label(i) for i in range(len(index))] == [3, 4]
+    assert index.key(1) == os.path.join(tmp_path, "b.jpg")
+    os.mkfifo(tmp_path / "pipe.csv")  # a list is opened as samples are: never waits
+    with pytest.raises(OSError, match=r"file list .*pipe\.csv' is a FIFO"):
+        FileList.from_csv(tmp_path / "pipe.csv")
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
