@@ -9,6 +9,10 @@ from gpu_loader.sources._filelist import FileList
 from gpu_loader.sources._folder import ImageFolder
 from gpu_loader.sources._tar import TarShards, expand_urls
 
+# Compressed tars go to TarShards too, whose error says to decompress them (random access
+# needs plain .tar): taken for a folder, they were "not a folder".
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
 
 def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
     """``*.tar`` (brace patterns allowed) → TarShards, ``*.csv`` → FileList, else ImageFolder."""
@@ -16,8 +20,8 @@ def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
     if not location:
         raise ValueError("open_index needs a path or URL, got an empty string")
     shards = expand_urls(location)
-    if all(s.lower().endswith(".tar") for s in shards):
-        return TarShards(shards)
+    if all(s.lower().endswith(_TAR_SUFFIXES) for s in shards):
+        return TarShards(shards)  # a compressed one is refused there, saying why
     if len(shards) > 1:
         raise ValueError(
             f"the brace pattern {location!r} expands to several paths that are not all .tar "

@@ -23,6 +23,15 @@ def test_open_index_by_shape(tree: Path, tmp_path: Path) -> None:
         open_index(f"{tmp_path}/{{a,b}}")
     with pytest.raises(ValueError, match="empty"):
         open_index("")
+    # A compressed shard is a tar shard that must be decompressed, not a missing folder.
+    import gzip
+
+    for name in ("c.tar.gz", "c.tgz"):
+        (tmp_path / name).write_bytes(gzip.compress((tmp_path / "s-0.tar").read_bytes()))
+        with pytest.raises(ValueError, match="so decompress it first"):
+            open_index(tmp_path / name)
+    with pytest.raises(ValueError, match="so decompress it first"):
+        open_index(f"{tmp_path}/c.{{tar.gz,tgz}}")
 
 
 @pytest.mark.parametrize(
