@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
             "($GPU_LOADER_CACHE or ~/.cache/gpu_loader)."
         ),
     )
-    demo.add_argument("--data", type=Path, help="an ImageFolder (one sub-folder per class)")
+    demo.add_argument("--data", help=_DATA_HELP)
     demo.add_argument(
         "--num-images", type=int, default=1000, help="size of the built-in dataset (default: 1000)"
     )
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the read stage and the decode+transform stage alone at several "
         "thread counts on a sample of the data, and recommend thread counts for this machine.",
     )
-    inspect.add_argument("--data", type=Path, required=True, help="an ImageFolder")
+    inspect.add_argument("--data", required=True, help=_DATA_HELP)
     inspect.add_argument("--samples", type=int, default=256, help="images to time (default: 256)")
     inspect.add_argument("--size", type=int, default=224, help="output side (default: 224)")
     inspect.set_defaults(func=cmd_inspect)
@@ -207,17 +207,23 @@ def _positive(name: str, value: float) -> None:
         raise CliError(f"--{name} must be > 0, got {value}")
 
 
-def _image_folder(path: Path) -> gpu_loader.sources.ImageFolder:
-    if not path.exists():
-        raise CliError(f"--data {path}: no such folder")
-    if not path.is_dir():
-        raise CliError(f"--data {path}: not a folder")
-    from gpu_loader.sources import ImageFolder
+_DATA_HELP = (
+    "a folder (one sub-folder per class), a .csv list or .tar shards (brace patterns "
+    "allowed), as a path or an fsspec URL"
+)
 
+
+def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
+    """What ``--data`` names, opened as `ImageLoader` would (`sources.open_index`)."""
+    from gpu_loader.sources import is_url, open_index
+
+    text = os.fspath(location)  # a str: a Path would turn memory://x into memory:/x
+    if not is_url(text) and "{" not in text and not os.path.exists(text):
+        raise CliError(f"--data {text}: no such folder or file")
     try:
-        return ImageFolder(path)
-    except (ValueError, FileNotFoundError) as exc:
-        raise CliError(f"--data {path}: {exc}") from None
+        return open_index(text)
+    except (ValueError, OSError) as exc:
+        raise CliError(f"--data {text}: {exc}") from None
 
 
 def demo_dataset(num_images: int) -> Path:
@@ -249,7 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if path is not None and path.is_dir():
             raise CliError(f"{path}: is a folder; give a file path")
     data = args.data if args.data is not None else demo_dataset(args.num_images)
-    index = _image_folder(data)
+    index = _open_data(data)
     try:
         report = run_demo(
             index,
@@ -328,7 +334,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     _positive("samples", args.samples)
     _positive("size", args.size)
-    index = _image_folder(args.data)
+    index = _open_data(args.data)
     print(inspect_folder(index, samples=args.samples, size=args.size))
     return 0
 

@@ -110,6 +110,17 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     assert "recommended: LoaderOptions(io_threads=" in inspected.stdout
     # The rate quoted is the loader's own on those images, not the stages' alone.
     assert "img/s measured through ImageLoader on these 12 images" in inspected.stdout
+    # --data takes what ImageLoader takes: here a CSV list, as a file:// URL (a Path
+    # argument had turned it into file:/...).
+    listing = out / "list.csv"
+    listing.write_text(
+        "path,label\n" + "".join(f"{p.relative_to(out)},{i % 2}\n" for i, p in enumerate(files))
+    )
+    listed = run(
+        "inspect", "--data", f"file://{listing}", "--samples", "8", "--size", "32", cache=tmp_path
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "inspected 8 of 12 images" in listed.stdout
     assert "CPU backend: native (C, libjpeg-turbo " in inspected.stdout
     assert "decode" in inspected.stdout and "read" in inspected.stdout
 
