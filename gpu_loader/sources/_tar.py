@@ -63,6 +63,7 @@ class TarShards:
         )
         if not shards:
             raise ValueError("TarShards needs at least one shard path or URL, got none")
+        _refuse_repeats(shards)
         if index_threads < 1:
             raise ValueError(f"`index_threads` must be >= 1, got {index_threads}")
         self.urls = shards
@@ -79,6 +80,12 @@ class TarShards:
         self._labels = np.fromiter((e[3] for e in entries), np.int64, len(entries))
         self._labels.flags.writeable = False
         self._fingerprint: str | None = None
+        named = self._labels[self._labels != -1]  # -1: a sample without a .cls
+        if self.classes and named.size and not 0 <= named.min() <= named.max() < len(self.classes):
+            raise ValueError(
+                f"TarShards labels span {named.min()}..{named.max()} but {len(self.classes)} "
+                "classes were named; each label must index `classes` (-1: no .cls member)"
+            )
 
     def __len__(self) -> int:
         return len(self._members)
@@ -120,6 +127,21 @@ class TarShards:
 
     def _span(self, j: int) -> tuple[int, int]:
         return int(self._offsets[j]), int(self._sizes[j])
+
+
+def _refuse_repeats(shards: Sequence[str]) -> None:
+    """A shard listed twice (also as a path and as its file:// URL) would give its
+    samples twice per epoch, as a brace pattern naming it twice would."""
+    seen: dict[str, str] = {}
+    for shard in shards:
+        path = _io.local_path(shard)
+        same = os.path.realpath(path) if path is not None else shard
+        if same in seen:
+            raise ValueError(
+                f"the shard list names one shard twice ({seen[same]!r} and {shard!r}): its "
+                "samples would come twice per epoch"
+            )
+        seen[same] = shard
 
 
 def expand_urls(pattern: str) -> list[str]:

@@ -112,6 +112,21 @@ def test_a_pattern_naming_a_shard_twice_is_refused() -> None:
         expand_urls("x{a,b,a}.tar")
 
 
+def test_a_list_naming_a_shard_twice_and_labels_outside_classes_are_refused(
+    shards: list[Path],
+) -> None:
+    one = str(shards[0])
+    for twice in ([one, one], [one, f"file://{one}"], [one, one.replace("/train-", "/./train-")]):
+        with pytest.raises(ValueError, match="names one shard twice"):
+            TarShards(twice)
+    labels = TarShards([one]).labels
+    low, high = int(labels.min()), int(labels.max())
+    with pytest.raises(ValueError, match=rf"labels span {low}\.\.{high} but 2 classes were named"):
+        TarShards([one], classes=["a", "b"])
+    named = TarShards([one], classes=[str(k) for k in range(int(labels.max()) + 1)])
+    assert named.labels.tolist() == labels.tolist()
+
+
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
