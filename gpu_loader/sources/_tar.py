@@ -146,8 +146,9 @@ def _refuse_repeats(shards: Sequence[str]) -> None:
 
 def expand_urls(pattern: str) -> list[str]:
     """Expand ``{a,b}`` lists (nested too) and ``{000..099}`` / ``{0..98..2}`` ranges, as
-    bash and WebDataset do: a range is zero-padded to its wider end when either end has
-    a leading zero. A pattern that names one path twice is refused (a shard read twice
+    bash and WebDataset do for these: a range is zero-padded to its wider end when either
+    end has a leading zero. Letter and negative ranges (``{a..c}``, ``{-1..1}``) stay
+    literal text, and a backward range is refused. A pattern that names one path twice is refused (a shard read twice
     would give its samples twice per epoch)."""
     urls = _expand(pattern, pattern)
     seen: set[str] = set()
