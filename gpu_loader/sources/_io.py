@@ -206,17 +206,20 @@ def _read_local(key: str, path: str) -> bytes:
     retake waits), else Python's; the same checks either way."""
     from gpu_loader.ops._backend import native_module
 
-    limit = _max_file_bytes  # read once: another thread may change it meanwhile
+    # Read once (another thread may change it meanwhile); beyond any file size, no limit.
+    limit = _max_file_bytes
+    if limit is not None and limit >= _C_LONG_MAX:
+        limit = None
     native = native_module()
     if native is None:
         with open_regular(key, path) as f:
             size = os.fstat(f.fileno()).st_size
-            if limit is None or limit >= _C_LONG_MAX:
+            if limit is None:
                 return f.readall()
             if size > limit:
                 raise _over_limit(key, size, limit)
             return _read_capped(f, key, limit)  # a file may hold more than fstat said
-    got = native.read_regular(path, -1 if limit is None or limit >= _C_LONG_MAX else limit)
+    got = native.read_regular(path, -1 if limit is None else limit)
     if isinstance(got, bytes):
         return got
     mode, size, grew = got
