@@ -71,6 +71,20 @@ def check_label(label: object, where: str) -> int:
     return value
 
 
+def check_labels_index(
+    labels: Sequence[int] | np.ndarray, classes: Sequence[str], what: str, note: str = ""
+) -> None:
+    """With ``classes`` named, every label must index them (``labels``: those to check)."""
+    if not classes or not len(labels):
+        return
+    low, high = int(np.min(labels)), int(np.max(labels))
+    if not 0 <= low <= high < len(classes):
+        raise ValueError(
+            f"{what} labels span {low}..{high} but {len(classes)} classes were named; each "
+            f"label must index `classes`{note}"
+        )
+
+
 def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
     """sha256 over (name, label) pairs; the first 16 bytes as hex are plenty for a check."""
     h = hashlib.sha256()

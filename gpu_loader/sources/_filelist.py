@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from gpu_loader.sources import _io
-from gpu_loader.sources._base import FileIndex, check_label
+from gpu_loader.sources._base import FileIndex, check_label, check_labels_index
 
 
 class FileList(FileIndex):
@@ -54,11 +54,7 @@ class FileList(FileIndex):
             locations.append(location)
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))
         names = list(classes) if classes is not None else []
-        if names and labels and not 0 <= min(labels) <= max(labels) < len(names):
-            raise ValueError(
-                f"FileList labels span {min(labels)}..{max(labels)} but {len(names)} classes "
-                "were named; each label must index `classes`"
-            )
+        check_labels_index(labels, names, "FileList")
         prefix = "" if root is None else _as_prefix(os.fspath(root))
         super().__init__(locations, np.array(labels, np.int64), None, names, prefix)
 

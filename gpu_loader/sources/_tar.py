@@ -22,7 +22,12 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_loader.sources import _io
-from gpu_loader.sources._base import check_index, check_label, fingerprint_of
+from gpu_loader.sources._base import (
+    check_index,
+    check_label,
+    check_labels_index,
+    fingerprint_of,
+)
 
 if TYPE_CHECKING:
     from gpu_loader.sources._io import Buffer
@@ -81,11 +86,7 @@ class TarShards:
         self._labels.flags.writeable = False
         self._fingerprint: str | None = None
         named = self._labels[self._labels != -1]  # -1: a sample without a .cls
-        if self.classes and named.size and not 0 <= named.min() <= named.max() < len(self.classes):
-            raise ValueError(
-                f"TarShards labels span {named.min()}..{named.max()} but {len(self.classes)} "
-                "classes were named; each label must index `classes` (-1: no .cls member)"
-            )
+        check_labels_index(named, self.classes, "TarShards", " (-1: no .cls member)")
 
     def __len__(self) -> int:
         return len(self._members)
@@ -148,8 +149,8 @@ def expand_urls(pattern: str) -> list[str]:
     """Expand ``{a,b}`` lists (nested too) and ``{000..099}`` / ``{0..98..2}`` ranges, as
     bash and WebDataset do for these: a range is zero-padded to its wider end when either
     end has a leading zero. Letter and negative ranges (``{a..c}``, ``{-1..1}``) stay
-    literal text, and a backward range is refused. A pattern that names one path twice is refused (a shard read twice
-    would give its samples twice per epoch)."""
+    literal text, and a backward range is refused. A pattern that names one path twice is
+    refused (a shard read twice would give its samples twice per epoch)."""
     urls = _expand(pattern, pattern)
     seen: set[str] = set()
     for url in urls:
