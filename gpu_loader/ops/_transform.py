@@ -104,6 +104,8 @@ def native_affine(
     mean: Sequence[float], std: Sequence[float]
 ) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
     """The native stores' (scale, shift) triples: the float32 values of :func:`_affine`."""
+    if type(mean) is tuple and type(std) is tuple:  # the transforms' own: floats already
+        return _native_affine(mean, std)
     return _native_affine(tuple(float(m) for m in mean), tuple(float(s) for s in std))
 
 

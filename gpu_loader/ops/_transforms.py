@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import numpy as np
 
@@ -161,7 +161,7 @@ class TrainTransform:
     @property
     def output_size(self) -> tuple[int, int]:
         """(height, width) of the output."""
-        return _size_pair(self.size)
+        return cast(tuple[int, int], self.size)  # __post_init__ stored the checked pair
 
     def make_params(self, height: int, width: int, rng: Random) -> CropParams:
         """Draw a crop box and a flip for an image of ``height`` x ``width`` pixels.
@@ -247,7 +247,7 @@ class EvalTransform:
     @property
     def output_size(self) -> tuple[int, int]:
         """(height, width) of the output."""
-        return _size_pair(self.size)
+        return cast(tuple[int, int], self.size)  # __post_init__ stored the checked pair
 
     def make_params(self, height: int, width: int, rng: Random) -> CropParams:
         """The centre-crop box in source pixels (``rng`` is unused: the transform is fixed)."""
