@@ -40,12 +40,13 @@ DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo reduced-size IDCT with SIMD paths: 1/8,
 _MIN_SIDE_FOR_DCT = 64  # below this, scaled decodes save nothing and edge blocks dominate
 
 
-def cap_dct_factor(factor: int, buf: bytes | memoryview) -> int:
+def cap_dct_factor(factor: int, buf: bytes | memoryview, chroma: int | None = None) -> int:
     """``factor``, lowered to 2 for a JPEG whose chroma is 4x coarser than its luma along
     an axis (4:1:1): libjpeg-turbo's scaled chroma IDCT there fell to 27 dB at 1/8 and 35
     at 1/4 against a full decode (4:2:0, 4:2:2, 4:4:0 and 4:4:4 stay >= 37 dB at 1/8).
-    The header is read again only when a factor above 2 was chosen."""
-    if factor > 2 and jpeg_chroma_ratio(buf) >= 4:
+    ``chroma`` is that ratio when the caller has it (the native header read); otherwise
+    the header is read again, only when a factor above 2 was chosen."""
+    if factor > 2 and (jpeg_chroma_ratio(buf) if chroma is None else chroma) >= 4:
         return 2
     return factor
 

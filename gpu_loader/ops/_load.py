@@ -107,12 +107,19 @@ def _load_jpeg_native(
     Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
     general path: EXIF-rotated ones and colour spaces other than YCbCr, RGB and grey.
     """
-    height, width, colorspace, orientation = _jpeg_header(buf, key)
+    header = native.jpeg_header(buf)  # the Python walk's rules, ~1 us instead of ~15
+    if header is not None:
+        height, width, colorspace, orientation, chroma = header
+    else:  # unusual or damaged headers: libjpeg reads them and words the errors
+        height, width, colorspace, orientation = _jpeg_header(buf, key)
+        chroma = None
     if orientation != 1 or colorspace not in _NATIVE_COLORSPACES:
         return None
     _check_pixels(key, height, width, max_pixels)
     params = transform.make_params(height, width, rng)
-    factor = cap_dct_factor(dct_factor_for(params, transform.output_size, height, width), buf)
+    factor = cap_dct_factor(
+        dct_factor_for(params, transform.output_size, height, width), buf, chroma
+    )
     if factor != 1:
         params = params.scaled(1.0 / factor)
     try:

@@ -1,16 +1,20 @@
-"""jpeg_header: the Python header read agrees with libjpeg's (simplejpeg) or steps aside."""
+"""jpeg_header: the Python header read agrees with libjpeg's (simplejpeg) or steps aside, and
+the native walk (_native.jpeg_header) agrees with the Python one on every input."""
 
 from __future__ import annotations
 
 import io
+import struct
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import simplejpeg
 from PIL import Image
 
+from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import _jpeg_header
-from gpu_loader.ops._formats import jpeg_header, jpeg_orientation
+from gpu_loader.ops._formats import jpeg_chroma_ratio, jpeg_header, jpeg_orientation
 
 
 def pillow_jpeg(image: np.ndarray, mode: str = "RGB", **kw: object) -> bytes:
@@ -138,3 +142,106 @@ def test_never_raises_and_agrees_whenever_libjpeg_reads_the_header(image: np.nda
             assert got == want, bytes(data[:64]).hex()
             agreed += 1
     assert agreed > 300
+
+
+# ------------------------------------------------------------- the native walk (_native.c)
+
+
+def python_walk(data: bytes) -> tuple[int, int, str, int, int] | None:
+    """What the native `jpeg_header` must return: the Python header and chroma ratio."""
+    got = jpeg_header(data)
+    return None if got is None else (*got, jpeg_chroma_ratio(data))
+
+
+@pytest.fixture(scope="module")
+def native_header() -> Callable[[bytes], object]:
+    native = native_module()
+    if native is None:
+        pytest.skip("the native extension is not built")
+    return native.jpeg_header  # type: ignore[no-any-return]
+
+
+def exif_segment(tiff: bytes, *, length: int | None = None) -> bytes:
+    body = b"Exif\x00\x00" + tiff
+    size = len(body) + 2 if length is None else length
+    return b"\xff\xe1" + size.to_bytes(2, "big") + body
+
+
+def tiff(order: bytes, entries: list[tuple[int, int, int]], *, ifd: int = 8) -> bytes:
+    """A TIFF block: header, then at ``ifd`` a directory of (tag, type, value) entries."""
+    end = "<" if order == b"II" else ">"
+    head = order + struct.pack(end + "HI", 42, ifd)
+    body = struct.pack(end + "H", len(entries))
+    for tag, typ, value in entries:
+        body += struct.pack(end + "HHIH2x", tag, typ, 1, value)
+    return head + b"\x00" * (ifd - 8) + body
+
+
+def test_native_walk_matches_python_on_every_variant(
+    image: np.ndarray, native_header: Callable[[bytes], object]
+) -> None:
+    chroma = set()
+    for name, data in variants(image).items():
+        want = python_walk(data)
+        assert want is not None, name
+        assert native_header(data) == want, name
+        chroma.add(want[4])
+    assert chroma == {1, 2}  # 4:4:4 / grey and 4:2:0 both seen
+    import cv2
+
+    bgr = np.ascontiguousarray(image[:, :, ::-1])
+    flags = [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411]
+    ok, encoded = cv2.imencode(".jpg", bgr, flags)
+    assert ok
+    assert native_header(encoded.tobytes()) == python_walk(encoded.tobytes())
+    assert python_walk(encoded.tobytes())[4] == 4  # type: ignore[index]  # 4:1:1
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_native_walk_matches_python_on_odd_exif_blocks(
+    image: np.ndarray, order: bytes, native_header: Callable[[bytes], object]
+) -> None:
+    plain = pillow_jpeg(image)
+    blocks = {
+        "orientation 6": exif_segment(tiff(order, [(0x0112, 3, 6)])),
+        "after another tag": exif_segment(tiff(order, [(0x010F, 2, 0), (0x0112, 3, 3)])),
+        "value 0": exif_segment(tiff(order, [(0x0112, 3, 0)])),
+        "value 9": exif_segment(tiff(order, [(0x0112, 3, 9)])),
+        "type LONG": exif_segment(tiff(order, [(0x0112, 4, 6)])),
+        "directory past the end": exif_segment(tiff(order, [(0x0112, 3, 6)], ifd=70000)[:20]),
+        "entry cut": exif_segment(tiff(order, [(0x0112, 3, 6)])[:-4]),
+        "count too large": exif_segment(tiff(order, [(0x0112, 3, 6)])[:-12] + b"\x00" * 3),
+        "no tiff header": exif_segment(order),
+        "bad byte order": exif_segment(b"IM" + tiff(order, [(0x0112, 3, 6)])[2:]),
+        # A segment shorter than "Exif\0\0": the Python slice reads past it, so must C.
+        "exif shorter than its tag": b"\xff\xe1\x00\x04Exif\x00\x00" + b"\xff\xfe\x00\x02",
+    }
+    for name, segment_bytes in blocks.items():
+        data = plain[:2] + segment_bytes + plain[2:]
+        second = plain[:2] + segment_bytes + exif_segment(tiff(order, [(0x0112, 3, 8)])) + plain[2:]
+        for variant in (data, second):  # the first Exif segment wins
+            assert native_header(variant) == python_walk(variant), name
+    assert native_header(plain[:2] + blocks["orientation 6"] + plain[2:])[3] == 6  # type: ignore[index]
+
+
+def test_native_walk_matches_python_on_damaged_headers(
+    image: np.ndarray, native_header: Callable[[bytes], object]
+) -> None:
+    rng = np.random.default_rng(2)
+    base = list(variants(image).values())
+    read = stepped_aside = 0
+    for trial in range(4000):
+        data = bytearray(base[trial % len(base)])
+        scan, _ = segment(bytes(data), 0xDA)
+        for _ in range(int(rng.integers(1, 5))):
+            data[int(rng.integers(2, scan + 4))] = int(rng.integers(0, 256))
+        if rng.random() < 0.3:
+            data = data[: int(rng.integers(0, len(data)))]
+        want = python_walk(bytes(data))
+        assert native_header(bytes(data)) == want, bytes(data[:80]).hex()
+        read += want is not None
+        stepped_aside += want is None
+    assert read > 1000 and stepped_aside > 300  # both outcomes were exercised
+    for short in (b"", b"\xff", b"\xff\xd8", b"\xff\xd8\xff\xda\x00"):
+        assert native_header(short) is None
+    assert native_header(memoryview(base[0])) == python_walk(base[0])

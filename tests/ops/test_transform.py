@@ -150,6 +150,46 @@ def test_4_1_1_chroma_is_not_decoded_below_half_scale(scales_used: list[float]) 
     assert decode(data, min_size=(24, 24)).scale == 0.5
 
 
+def test_native_header_read_and_its_libjpeg_fallback_give_the_same_pixels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # load_into's native path reads the header in C and falls back to libjpeg's read (then
+    # walks the header again for the chroma ratio) where the C walk steps aside.
+    import cv2
+
+    from gpu_loader.datasets import photo_like
+    from gpu_loader.ops._backend import native_module
+
+    native = native_module()
+    if native is None:
+        pytest.skip("the native extension is not built")
+    bgr = np.ascontiguousarray(photo_like(1037, 1211, np.random.default_rng(9))[:, :, ::-1])
+    files = []
+    for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420):
+        ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling])
+        assert ok
+        files.append(encoded.tobytes())
+    factors: list[int] = []
+    real_decode = native.decode_resize_jpeg
+
+    def spy(data: bytes, denom: int, *rest: object) -> None:
+        factors.append(denom)
+        real_decode(data, denom, *rest)
+
+    monkeypatch.setattr(native, "decode_resize_jpeg", spy)
+    t = EvalTransform(24)
+    outs = []
+    for header in (native.jpeg_header, lambda data: None):
+        monkeypatch.setattr(native, "jpeg_header", header)
+        for data in files:
+            out = np.empty((3, 24, 24), np.float32)
+            load_into(data, t, np.random.default_rng(0), out, dtype="float32")
+            outs.append(out)
+    assert factors == [2, 8, 2, 8]  # 4:1:1 capped at 1/2 by either header read
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[3])
+
+
 def float64_path(
     image: DecodedImage, p: CropParams, size: tuple[int, int], t: TrainTransform | EvalTransform
 ) -> np.ndarray:
