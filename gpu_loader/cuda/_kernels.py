@@ -35,7 +35,8 @@ _functions: dict[tuple[int, str, str], Any] = {}
 def cuda_include_dir() -> str | None:
     """The directory holding ``cuda_fp16.h``: the pip CUDA runtime headers or a toolkit.
 
-    Looks at cuda-pathfinder (the ``nvidia-cuda-runtime-cu12`` wheel's headers), then
+    Looks at cuda-pathfinder (the ``nvidia-cuda-runtime-cu12`` or, for CUDA 13,
+    ``nvidia-cuda-runtime`` wheel's headers), then
     ``$CUDA_PATH``/``$CUDA_HOME``, then ``/usr/local/cuda``. None when none has the header.
     """
     candidates: list[Path] = []
@@ -69,8 +70,9 @@ def nvrtc_options() -> tuple[str, ...]:
     if include is None:
         raise FileNotFoundError(
             "the fused kernels include cuda_fp16.h/cuda_bf16.h, which were not found; "
-            "install the CUDA runtime headers: pip install 'nvidia-cuda-runtime-cu12' "
-            "(part of gpu-loader[cuda12]) or set CUDA_PATH to a CUDA toolkit"
+            "install the CUDA runtime headers: pip install 'nvidia-cuda-runtime-cu12' for "
+            "CUDA 12 or 'nvidia-cuda-runtime>=13' for CUDA 13 (parts of gpu-loader[cuda12] "
+            "and [cuda13]), or set CUDA_PATH to a CUDA toolkit"
         )
     return (*NVRTC_OPTIONS, f"-I{include}")
 
