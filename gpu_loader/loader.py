@@ -384,9 +384,10 @@ class ImageLoader:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (reshuffles; per-sample random crops depend on it too).
 
-        After `load_state_dict` of a mid-epoch state, setting the saved epoch again (the
-        training loop's usual call at the top of each epoch) keeps the restored progress:
-        the next iteration yields exactly what that epoch had left. Setting another epoch
+        After `load_state_dict`, setting the saved epoch again (the training loop's usual
+        call at the top of each epoch) keeps the restored progress: the next iteration
+        yields exactly what that epoch had left (nothing, for a state saved after it
+        ended). Setting another epoch
         while one is being iterated stops that one (its iterator raises if used again).
         """
         if isinstance(epoch, bool):
@@ -402,7 +403,13 @@ class ImageLoader:
             )
         # Against the epoch this loader selected: the sampler's own may have been set apart
         # (`loader.sampler.set_epoch`, which `__iter__` passes on to here).
-        if self._resume is not None and epoch == self._known_epoch:
+        if (
+            self._restored
+            and epoch == self._known_epoch
+            and (self._resume is not None or self._epoch_done)
+        ):
+            # The restored epoch chosen again (the loop's call at the top of each epoch):
+            # the next pass yields what it had left, nothing if it had ended.
             self._explicit_epoch = True
             return
         if epoch != self._known_epoch:
@@ -438,6 +445,14 @@ class ImageLoader:
             self._known_epoch = self.sampler.epoch
             self._resume = None
             self._restored = False
+        if self._restored and self._epoch_done and self._resume is None:
+            # A state saved after its epoch ended, without this rank's record of it (one
+            # shared between ranks), and that epoch chosen again: nothing is left of it.
+            self._explicit_epoch = False
+            self._epoch_begun = True
+            self._restored = False
+            self._stop_epoch("a new iteration over the loader started")
+            return iter(())
         self._epoch_done = False
         self._explicit_epoch = False
         self._epoch_begun = True
@@ -491,10 +506,12 @@ class ImageLoader:
                 state["batcher"] = self._resume
         elif self._fresh_start_pending():
             pass  # the next pass starts the sampler's epoch from its beginning
-        elif active is not None and not active.finished:
+        elif active is not None:
+            # Mid-epoch, or ended: resume then yields nothing more of it when the loop
+            # chooses it again, and reports its failures as "before resume".
             state["batcher"] = active.received.state()
-        elif active is None and self._closed_progress is not None:
-            state["batcher"] = self._closed_progress  # cut short and already freed
+        elif self._closed_progress is not None:
+            state["batcher"] = self._closed_progress  # already freed
         return state
 
     def _fresh_start_pending(self) -> bool:
@@ -537,16 +554,20 @@ class ImageLoader:
                 f"loader state's epoch {state['sampler']['epoch']} is not below {EPOCH_LIMIT} "
                 "(per-sample random streams key on it); it was not written by this loader"
             )
-        if state.get("batcher") is not None:
-            self._check_batcher_state(state["batcher"])
-            self._check_rank_progress(state)
+        resume = state.get("batcher")
+        if resume is not None:
+            self._check_batcher_state(resume)
+            if state.get("epoch_done") and state["sampler"].get("rank") != self.sampler.rank:
+                resume = None  # an ended epoch, shared between ranks: none of it is left
+            else:
+                self._check_rank_progress(state)
         self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._known_epoch = self.sampler.epoch
         self._epoch_done = bool(state.get("epoch_done", False))
         self._explicit_epoch = False
         self._epoch_begun = False
-        self._resume = state.get("batcher")
+        self._resume = resume
         self._restored = True
         self._closed_progress = None
 
@@ -739,7 +760,7 @@ class ImageLoader:
         engine_stats: Any,
         batcher_stats: BatcherStats,
     ) -> None:
-        if epoch.pass_number == self._passes and not epoch.finished:
+        if epoch.pass_number == self._passes:
             self._closed_progress = epoch.received.state()
         with self._lock:
             self._failed.extend(records)

@@ -4,6 +4,7 @@ restarts an epoch, pickles it."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -163,6 +164,32 @@ def test_set_epoch_from_another_thread_during_start_up_says_why(unique_list: Fil
         if errors:
             assert "this epoch's iterator was stopped: set_epoch(1)" in str(errors[0])
         assert sorted(int(v) for _, y in loader for v in y) == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_state_saved_after_the_epoch_ended_resumes_nothing_of_it(
+    bad_list: tuple[FileList, set[str]], batching: str
+) -> None:
+    # The README's loop calls set_epoch(saved epoch) after load_state_dict. A state taken
+    # once the loop had ended replayed that whole epoch (QA: 394 duplicates of 394).
+    items, bad = bad_list
+    saver = make(items, max_failures=None, batching=batching)
+    saver.set_epoch(3)
+    assert sorted(int(v) for _, y in saver for v in y) == list(range(30))
+    state = json.loads(json.dumps(saver.state_dict()))
+    assert state["epoch_done"]
+    fresh = make(items, max_failures=None, batching=batching)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(3)
+    assert list(fresh) == []
+    assert {f.key for f in fresh.failed_samples() if f.stage == "before resume"} == bad
+    fresh.set_epoch(4)
+    assert sorted(int(v) for _, y in fresh for v in y) == list(range(30))
+    # Without set_epoch the next pass moves on to the next epoch, whole.
+    again = make(items, max_failures=None, batching=batching)
+    again.load_state_dict(state)
+    assert sorted(int(v) for _, y in again for v in y) == list(range(30))
+    assert again.epoch == 4
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])

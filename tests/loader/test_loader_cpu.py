@@ -121,6 +121,23 @@ def test_another_ranks_mid_epoch_state_is_refused(unique_list: FileList) -> None
     assert len(labels_of(run_epoch(fresh))) == len(fresh.sampler) - 8  # one batch of 8 done
 
 
+def test_a_state_saved_after_the_epoch_ended_may_be_shared_between_ranks(
+    unique_list: FileList,
+) -> None:
+    rank0 = make(unique_list, seed=4, rank=0, world_size=2)
+    run_epoch(rank0)
+    ended = json.loads(json.dumps(rank0.state_dict()))
+    assert ended["epoch_done"] and ended.get("batcher") is not None  # rank 0's own record
+    rank1 = make(unique_list, seed=4, rank=1, world_size=2)
+    rank1.load_state_dict(ended)  # taken: nothing of an ended epoch is left on any rank
+    rank1.set_epoch(0)
+    assert run_epoch(rank1) == []
+    rank1.set_epoch(1)
+    own = make(unique_list, seed=4, rank=1, world_size=2)
+    own.set_epoch(1)
+    assert labels_of(run_epoch(rank1)) == labels_of(run_epoch(own))
+
+
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_bad_files_are_reported_and_the_rest_delivered_once(
     bad_list: tuple[FileList, set[str]], batching: str
@@ -254,7 +271,12 @@ def test_a_checkpoint_after_break_keeps_its_progress_once_the_epoch_is_collected
     # A later pass has its own progress: the saved one no longer stands for it.
     run_epoch(loader)
     gc.collect()
-    assert loader.state_dict().get("batcher") is None
+    later = json.loads(json.dumps(loader.state_dict()))
+    assert later["epoch_done"] and later["batcher"] != state["batcher"]
+    ended = make(unique_list, seed=6, batching=batching)
+    ended.load_state_dict(later)
+    ended.set_epoch(loader.epoch)
+    assert run_epoch(ended) == []  # that pass ended: nothing of it is left
 
 
 @pytest.mark.parametrize("choose", ["sampler.set_epoch(next)", "set_epoch(same)"])
