@@ -10,12 +10,20 @@ Every blocking call waits at most ``POLL_S`` at a time and then looks at the sto
 so ``close()`` can join every thread within a few poll periods even when stages are
 blocked on a full or an empty channel. Hot loops call ``data``/``credits`` directly and
 fall back to the stop-aware ``get``/``put`` below only after a poll period of waiting.
+
+The poll alone is not enough on CPython 3.11: ``SimpleQueue.get(timeout=...)``, woken by
+a put whose item another consumer then takes, recomputes the time left, and when that is
+already negative it waits with no timeout at all (seen: a read worker stuck for good
+after a ``break``, and ``close()`` waiting out its 10 s join). So setting the stop event
+(a `StopEvent`) also puts `WAKE` into both queues of every channel; whoever takes it
+puts it back and stops, so every waiter, stuck or not, finds one.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 POLL_S = 0.05
@@ -28,6 +36,41 @@ class _EndOfStream:
 
 EOS: Any = _EndOfStream()
 """Sent downstream once by each stage after its last item."""
+
+
+class _Wake:
+    def __repr__(self) -> str:
+        return "<wake: the pipeline is stopping>"
+
+
+WAKE: Any = _Wake()
+"""Put into every queue when the pipeline stops; a thread that takes it puts it back
+(for the next waiter) and stops."""
+
+
+class StopEvent(threading.Event):
+    """The pipeline's stop event: `set` also runs the registered wakers, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakers: list[Callable[[], None]] = []
+        self._wake_lock = threading.Lock()
+        self._woken = False
+
+    def add_waker(self, waker: Callable[[], None]) -> None:
+        """Run ``waker`` when the event is set (at once, if it already is)."""
+        with self._wake_lock:
+            if not self._woken:
+                self._wakers.append(waker)
+                return
+        waker()
+
+    def set(self) -> None:
+        super().set()
+        with self._wake_lock:
+            wakers, self._wakers, self._woken = self._wakers, [], True
+        for waker in wakers:
+            waker()
 
 
 class Stopped(Exception):
@@ -46,6 +89,13 @@ class Channel:
         for _ in range(capacity):
             self.credits.put(None)
         self.stop = stop
+        if isinstance(stop, StopEvent):
+            stop.add_waker(self.wake)
+
+    def wake(self) -> None:
+        """Release every thread waiting on this channel (the pipeline is stopping)."""
+        self.data.put(WAKE)
+        self.credits.put(WAKE)
 
     def get(self) -> Any:
         data_get, stop = self.data.get, self.stop
@@ -56,6 +106,9 @@ class Channel:
                 item = data_get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            if item is WAKE:
+                self.data.put(WAKE)
+                raise Stopped
             self.credits.put(None)
             return item
 
@@ -65,9 +118,12 @@ class Channel:
             if stop.is_set():
                 raise Stopped
             try:
-                credit_get(timeout=POLL_S)
+                credit = credit_get(timeout=POLL_S)
             except queue.Empty:
                 continue
+            if credit is WAKE:
+                self.credits.put(WAKE)
+                raise Stopped
             self.data.put(item)
             return
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._channel import EOS, POLL_S, Channel, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, StopEvent, Stopped
 from ._defs import SKIP, PipeSpec
 from ._pipe_stage import _DROPPED, PipeStage
 from ._slow_lane import WorkerSlot
@@ -26,7 +26,7 @@ class OrderedPipeStage(PipeStage):
         super().__init__(spec)
         self.window = 2 * spec.concurrency
         # Window slots as tokens in a C-level queue: cheaper than threading.Semaphore.
-        self._window: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._window: queue.SimpleQueue[Any] = queue.SimpleQueue()  # None, or WAKE
         for _ in range(self.window):
             self._window.put(None)
         self._take_lock = threading.Lock()
@@ -35,6 +35,11 @@ class OrderedPipeStage(PipeStage):
         self._next_out = 0
         self._ready: dict[int, Sequence[Any]] = {}
         self._flushing = False
+
+    def start(self, rt: Any) -> None:
+        if isinstance(rt.stop, StopEvent):  # window waits are SimpleQueue waits too
+            rt.stop.add_waker(lambda: self._window.put(WAKE))
+        super().start(rt)
 
     def _loop(
         self, call: Callable[[Any], Any], counters: WorkerCounters, slot: WorkerSlot | None
@@ -58,6 +63,9 @@ class OrderedPipeStage(PipeStage):
                 except queue.Empty:
                     item = inq.get()
                 else:
+                    if item is WAKE:
+                        inq.data.put(WAKE)
+                        raise Stopped
                     credit_back(None)
                 seq = self._next_take
                 self._next_take += 1
@@ -82,11 +90,15 @@ class OrderedPipeStage(PipeStage):
     def _acquire_window(self, inq: Channel) -> None:
         while True:
             try:
-                self._window.get(timeout=POLL_S)
-                return
+                token = self._window.get(timeout=POLL_S)
             except queue.Empty:
                 if inq.stop.is_set():
                     raise Stopped from None
+                continue
+            if token is WAKE:
+                self._window.put(WAKE)
+                raise Stopped
+            return
 
     def _deposit(self, seq: int, outs: Sequence[Any]) -> None:
         with self._out_lock:
@@ -106,9 +118,12 @@ class OrderedPipeStage(PipeStage):
             # Put outside the lock: others keep depositing while we wait on backpressure.
             for value in ready:
                 try:
-                    out.credits.get(timeout=POLL_S)
+                    credit = out.credits.get(timeout=POLL_S)
                 except queue.Empty:
                     out.put(value)
                 else:
+                    if credit is WAKE:
+                        out.credits.put(WAKE)
+                        raise Stopped
                     out.data.put(value)
             self._window.put(None)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._channel import EOS, POLL_S, Channel, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, Stopped
 from ._defs import SKIP, PipeSpec
 from ._errors import FailurePolicy, FailureRecord, add_note, item_key, release_locals
 from ._runtime import as_failure
@@ -152,6 +152,9 @@ class PipeStage(Stage):
             except queue.Empty:
                 item = inq.get()
             else:
+                if item is WAKE:
+                    inq.data.put(WAKE)
+                    raise Stopped
                 credit_back(None)
             t1 = pc()
             if item is EOS:
@@ -169,10 +172,13 @@ class PipeStage(Stage):
             if not skipped and result is not _DROPPED:
                 for value in result if generator else (result,):
                     try:
-                        credit_get(timeout=POLL_S)
+                        credit = credit_get(timeout=POLL_S)
                     except queue.Empty:
                         out.put(value)
                     else:
+                        if credit is WAKE:
+                            out.credits.put(WAKE)
+                            raise Stopped
                         data_put(value)
             t3 = pc()
             add_task(t2 - t1, t1 - t0, t3 - t2, occ, skipped)

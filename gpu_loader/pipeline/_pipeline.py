@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._channel import EOS, POLL_S, Channel
+from ._channel import EOS, POLL_S, WAKE, Channel
 from ._defs import IDLE
 from ._errors import FailureRecord
 from ._pipe_stage import PipeStage
@@ -212,6 +212,9 @@ class Pipeline:
                             yield IDLE
                     continue
                 idle_since = None
+                if item is WAKE:
+                    sink.data.put(WAKE)
+                    break
                 credit_back(None)
                 if item is EOS:
                     break

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ._channel import StopEvent
 from ._errors import PipelineFailure, add_note
 
 logger = logging.getLogger("gpu_loader.pipeline")
@@ -37,7 +38,7 @@ class Runtime:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.stop = threading.Event()
+        self.stop = StopEvent()  # setting it also wakes every waiting thread
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closing = False

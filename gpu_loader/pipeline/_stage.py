@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._channel import EOS, POLL_S, Channel, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, Stopped
 from ._runtime import Runtime, as_failure
 from ._stats import StageCounters, StageStats, percentile
 
@@ -120,10 +120,13 @@ class SourceStage(Stage):
                 if stopping():
                     raise Stopped
                 try:  # direct put; the stop-aware Channel.put only after a poll period
-                    credit_get(timeout=POLL_S)
+                    credit = credit_get(timeout=POLL_S)
                 except queue.Empty:
                     out.put(item)
                 else:
+                    if credit is WAKE:
+                        out.credits.put(WAKE)
+                        raise Stopped
                     data_put(item)
                 t2 = pc()
                 add_task(t1 - t0, 0.0, t2 - t1 + held, 0, False)

@@ -277,3 +277,41 @@ def test_a_stuck_op_costs_the_join_timeout_once_not_once_per_close(
     finally:
         release.set()
         p.close()
+
+
+@pytest.fixture
+def waits_without_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every queue wait of the engine blocks with no timeout: the state CPython 3.11's
+    ``SimpleQueue.get(timeout=...)`` falls into when, woken by a put whose item another
+    consumer takes, it finds its deadline passed (it then waits forever; QA saw a read
+    worker stuck for good after a ``break``). Only the wake-up at stop can end them."""
+    from gpu_loader.pipeline import _channel, _ordered, _pipe_stage, _pipeline, _stage
+
+    for module in (_channel, _ordered, _pipe_stage, _pipeline, _stage):
+        monkeypatch.setattr(module, "POLL_S", None)
+
+
+@pytest.mark.usefixtures("waits_without_timeouts")
+@pytest.mark.parametrize("where", ["after a break", "on an empty queue", "on a full sink"])
+def test_stop_wakes_threads_stuck_in_a_wait_without_timeout(where: str) -> None:
+    def slow_source() -> Iterator[int]:
+        for i in range(1000):
+            time.sleep(0.05)
+            yield i
+
+    if where == "on an empty queue":
+        stages = PipelineBuilder().add_source(slow_source()).pipe(lambda x: x, concurrency=8)
+        pipeline = stages.pipe(lambda x: x, concurrency=4).add_sink(2).build().start()
+        time.sleep(0.2)
+    else:
+        pipeline = busy_pipeline().start()
+        if where == "after a break":
+            for i, _ in enumerate(pipeline):
+                if i == 50:
+                    break
+        else:
+            time.sleep(0.2)  # nobody consumes: every stage blocks on its full output
+    t0 = time.monotonic()
+    pipeline.close()
+    assert time.monotonic() - t0 < 3.0  # was the 10 s join timeout, threads left behind
+    assert pipeline_threads() == []
