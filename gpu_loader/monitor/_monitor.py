@@ -140,9 +140,11 @@ class Monitor:
         """Join the sampler threads but keep the meters and the last readings; the next
         `start()` samples again with fresh sampler threads (a loader between epochs).
         The meters' clock stands still until then."""
-        self.close()
-        self._clock.pause()
+        # Marked first: a Ctrl-C inside close() must not leave closed samplers that the
+        # next start() would reuse (QA: "gpu_loader-process-sampler is closed").
         self._suspended = True
+        self._clock.pause()
+        self.close()
 
     def _renew_samplers(self) -> None:
         cfg = self.config

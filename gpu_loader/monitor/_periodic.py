@@ -13,6 +13,8 @@ import threading
 from types import TracebackType
 from typing import TypeVar
 
+from gpu_loader._threads import join_started
+
 _log = logging.getLogger("gpu_loader.monitor")
 
 # close() waits this long for the thread; a tick is a few NVML/psutil calls (ms), so a
@@ -80,7 +82,7 @@ class PeriodicThread:
             thread = self._thread
         self._stop.set()
         if thread is not None:
-            thread.join(_JOIN_TIMEOUT_S)
+            join_started(thread, _JOIN_TIMEOUT_S)
             if thread.is_alive():
                 _log.warning("%s did not stop within %.0f s", self._name, _JOIN_TIMEOUT_S)
         self._teardown()

@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpu_loader._threads import join_started
+
 from ._channel import StopEvent
 from ._errors import PipelineFailure, add_note
 
@@ -99,7 +101,7 @@ class Runtime:
         for thread in threads:
             if thread is current:  # a finalizer run by GC on one of our own threads
                 continue
-            thread.join(max(0.0, deadline - time.monotonic()))
+            join_started(thread, max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in threads if t.is_alive() and t is not current]
         if stuck:
             logger.warning(

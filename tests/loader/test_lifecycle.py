@@ -217,3 +217,40 @@ def test_failures_before_the_checkpoint_are_reported_after_resume(
         pass
     kept = {f.key: f for f in saver.failed_samples() if f.key in before}
     assert {k: f.stage for k, f in kept.items()} == {k: f.stage for k, f in before.items()}
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_ctrl_c_during_the_close_after_a_break_reaches_the_training_loop(
+    unique_list: FileList, batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The `break` closes the iterator from its finalizer, where an exception cannot
+    # propagate: Python printed "Exception ignored" and training went on (QA: 73 of 200
+    # Ctrl-Cs lost). Now the close finishes and the interrupt is raised again right after.
+    from gpu_loader._epoch import CpuEpoch
+
+    real_stop = CpuEpoch.stop_feeding
+    fired: list[bool] = []
+
+    def interrupted(self: CpuEpoch) -> None:
+        real_stop(self)
+        if not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(CpuEpoch, "stop_feeding", interrupted)
+    loader = make(unique_list, batching=batching)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        for step, (_, labels) in enumerate(loader):
+            seen += labels.tolist()
+            if step == 1:
+                break
+        for _ in range(1000):  # the re-raised interrupt lands within a few bytecodes
+            time.sleep(0.001)
+    assert fired
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpu_loader-pipeline")]
+    # The epoch was handed over: its checkpoint resumes with the rest.
+    resumed = make(unique_list, batching=batching)
+    resumed.load_state_dict(loader.state_dict())
+    rest = [int(v) for _, y in resumed for v in y]
+    assert sorted(seen + rest) == list(range(len(unique_list)))

@@ -122,6 +122,29 @@ def test_suspend_joins_samplers_and_start_samples_again() -> None:
     monitor.close()
 
 
+def test_a_ctrl_c_inside_suspend_leaves_no_closed_sampler_for_the_next_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # QA: an interrupt after the samplers closed, before the monitor marked itself
+    # suspended, made the next epoch fail with "gpu_loader-process-sampler is closed".
+    import threading
+
+    monitor = Monitor(MonitorConfig(gpu="off", interval_s=0.01))
+    monitor.start()
+    real_close = monitor.process.close
+
+    def interrupted() -> None:
+        real_close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(monitor.process, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        monitor.suspend()
+    monitor.start()  # fresh samplers, not the closed one
+    assert [t for t in threading.enumerate() if t.name.startswith("gpu_loader-process")]
+    monitor.close()
+
+
 def test_the_pause_between_epochs_leaves_rates_and_stall_alone() -> None:
     # A loader suspends its monitor between epochs (validation, checkpoints): the meters'
     # clock stands still, so an idle hour does not dilute the epochs' figures.

@@ -315,3 +315,25 @@ def test_stop_wakes_threads_stuck_in_a_wait_without_timeout(where: str) -> None:
     pipeline.close()
     assert time.monotonic() - t0 < 3.0  # was the 10 s join timeout, threads left behind
     assert pipeline_threads() == []
+
+
+def test_a_thread_a_ctrl_c_kept_from_starting_does_not_break_the_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # QA: Ctrl-C during an epoch's start-up ended the script with "RuntimeError: cannot
+    # join thread before it is started" instead of the KeyboardInterrupt.
+    from gpu_loader.pipeline._runtime import Runtime
+
+    rt = Runtime("gpu_loader-pipeline-test")
+    assert rt.spawn(lambda: rt.stop.wait(5), "first")
+    real_start = threading.Thread.start
+
+    def interrupted(self: threading.Thread) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rt.spawn(lambda: None, "never started")
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    rt.shutdown()  # joins the first, skips the one that never started
+    assert pipeline_threads() == []

@@ -1,0 +1,52 @@
+"""Threads and Ctrl-C: joining threads an interrupt kept from starting, and raising an
+interrupt again once a generator's finalizer (where it cannot propagate) has returned."""
+
+from __future__ import annotations
+
+import _thread
+import sys
+import threading
+import time
+from types import FrameType
+
+
+def join_started(thread: threading.Thread, timeout: float | None = None) -> None:
+    """``thread.join(timeout)``, or nothing for a thread that never started.
+
+    A KeyboardInterrupt between creating a thread and its ``start()`` leaves one that
+    ``join`` refuses ("cannot join thread before it is started"); raised from a cleanup
+    that error replaced the interrupt (QA: Ctrl-C during an epoch's start-up ended the
+    script with a RuntimeError, so an ``except KeyboardInterrupt`` never ran).
+    """
+    if thread.ident is None:  # start() never ran: nothing to wait for
+        return
+    thread.join(timeout)
+
+
+def interrupt_main_after(inside: FrameType) -> None:
+    """Raise KeyboardInterrupt in the main thread once ``inside`` is off its stack.
+
+    For an interrupt caught in a generator's finalizer (a ``break`` closes the iterator
+    there): raised from it, Python prints "Exception ignored" and the program goes on;
+    raised at once with ``_thread.interrupt_main`` it lands in the same finalizer. A
+    helper thread waits until the main thread has left that frame (the frame itself: a
+    new epoch runs the same code at once), at most 2 s.
+    """
+    main = threading.main_thread().ident
+
+    def wait_then_interrupt(frame: FrameType | None) -> None:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            top = sys._current_frames().get(main or 0)
+            while top is not None and top is not frame:
+                top = top.f_back
+            if top is None:
+                break
+            del top
+            time.sleep(0.001)
+        frame = None  # before the interrupt: hold nothing of the closed generator
+        _thread.interrupt_main()
+
+    threading.Thread(
+        target=wait_then_interrupt, args=(inside,), name="gpu_loader-interrupt", daemon=True
+    ).start()
