@@ -684,8 +684,11 @@ class ImageLoader:
     def _make_progress(self, samples: int, monitor: Monitor) -> ProgressReporter | None:
         if not self.options.progress:
             return None
-        # The monitor counts samples over every epoch; this bar counts this epoch's.
-        return ProgressReporter(samples, desc=f"epoch {self.epoch}", start=monitor.rate.samples)
+        # The monitor counts samples and failures over every epoch; this bar, this epoch's.
+        earlier = sum(1 for f in self.failed_samples() if f.epoch != self.epoch)
+        return ProgressReporter(
+            samples, desc=f"epoch {self.epoch}", start=monitor.rate.samples, start_failures=earlier
+        )
 
     def _pin_batches(self) -> bool:
         """Pin CPU batches that will be copied to a CUDA device (faster, asynchronous)."""

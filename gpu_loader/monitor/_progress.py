@@ -21,12 +21,15 @@ from ._periodic import check_interval
 from ._stats import LoaderStats
 
 
-def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
+def progress_postfix(stats: LoaderStats, unit: str = "img", failures: int | None = None) -> str:
     """``"img/s=1234 stall=3.2% gpu=87% bottleneck=decode"`` (``gpu=no GPU`` without NVML).
 
     Before the meters have a rate (the first batch), ``img/s=- stall=-`` and no bottleneck:
-    zeros and a verdict from one batch would read as measurements.
+    zeros and a verdict from one batch would read as measurements. ``failures``: the count
+    to show as ``failed=`` (default ``stats.failures``, which spans every epoch).
     """
+    if failures is None:
+        failures = stats.failures
     gpu = "no GPU" if stats.gpu_util_percent is None else f"{stats.gpu_util_percent:.0f}%"
     measured = stats.batches > 1  # a rate needs two; later, zero is a measured stall
     parts = [
@@ -36,8 +39,8 @@ def progress_postfix(stats: LoaderStats, unit: str = "img") -> str:
     ]
     if stats.bottleneck and measured:
         parts.append(f"bottleneck={stats.bottleneck}")
-    if stats.failures:
-        parts.append(f"failed={stats.failures}")
+    if failures:
+        parts.append(f"failed={failures}")
     return " ".join(parts)
 
 
@@ -69,6 +72,7 @@ class ProgressReporter:
         clock: Callable[[], float] = time.monotonic,
         start: int = 0,
         lines: bool | None = None,
+        start_failures: int = 0,
     ) -> None:
         if total is not None and (isinstance(total, bool) or total < 0):
             raise ValueError(f"`total` must be None or an int >= 0, got {total!r}")
@@ -77,6 +81,8 @@ class ProgressReporter:
         self.total = total
         self.start = start
         """``stats.samples`` when this bar began: a loader's stats count every epoch."""
+        self.start_failures = start_failures
+        """``stats.failures`` not this bar's (a loader's other epochs): not shown."""
         self.desc = desc
         self.unit = unit
         if lines is None:
@@ -130,7 +136,7 @@ class ProgressReporter:
         if self._bar is None:
             self._bar = self._make_bar()
         delta = stats.samples - self.start - int(self._bar.n)
-        self._bar.set_postfix_str(progress_postfix(stats, self.unit), refresh=False)
+        self._bar.set_postfix_str(self._postfix(stats), refresh=False)
         if delta > 0:
             self._bar.update(delta)
         else:
@@ -142,8 +148,11 @@ class ProgressReporter:
         if self.total:
             count += f" ({done / self.total:.0%})"
         out = self._file if self._file is not None else sys.stderr
-        out.write(f"{self.desc}: {count} {progress_postfix(stats, self.unit)}\n")
+        out.write(f"{self.desc}: {count} {self._postfix(stats)}\n")
         out.flush()
+
+    def _postfix(self, stats: LoaderStats) -> str:
+        return progress_postfix(stats, self.unit, max(0, stats.failures - self.start_failures))
 
     def close(self, stats: LoaderStats | None = None) -> None:
         """A last refresh from ``stats`` (if given), then close the bar (idempotent)."""

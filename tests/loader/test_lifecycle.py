@@ -254,3 +254,20 @@ def test_a_ctrl_c_during_the_close_after_a_break_reaches_the_training_loop(
     resumed.load_state_dict(loader.state_dict())
     rest = [int(v) for _, y in resumed for v in y]
     assert sorted(seen + rest) == list(range(len(unique_list)))
+
+
+def test_the_progress_line_counts_this_epochs_failures(
+    bad_list: tuple[FileList, set[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The loader's failure count spans every epoch; the bar of epoch 1 said failed=2n.
+    items, bad = bad_list
+    loader = make(items, max_failures=None, options=gl.LoaderOptions(progress=True))
+    for _ in range(2):
+        for _ in loader:
+            pass
+    lines = [line for line in capsys.readouterr().err.splitlines() if " img (" in line]
+    last = {line.split(":")[0]: line for line in lines}
+    assert set(last) == {"epoch 0", "epoch 1"}
+    for line in last.values():
+        assert line.endswith(f"failed={len(bad)}"), line
+    assert len(loader.failed_samples()) == 2 * len(bad)
