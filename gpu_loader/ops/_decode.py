@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._formats import (
     Format,
     bmp_damage,
@@ -44,7 +45,7 @@ def cap_dct_factor(factor: int, buf: bytes | memoryview, chroma: int | None = No
     """``factor``, lowered to 2 for a JPEG whose chroma is 4x coarser than its luma along
     an axis (4:1:1): libjpeg-turbo's scaled chroma IDCT there fell to 27 dB at 1/8 and 35
     at 1/4 against a full decode (4:2:0, 4:2:2, 4:4:0 and 4:4:4 stay >= 37 dB at 1/8).
-    ``chroma`` is that ratio when the caller has it (the native header read); otherwise
+    ``chroma`` is that ratio when the header read gave it (`_jpeg_header`); otherwise
     the header is read again, only when a factor above 2 was chosen."""
     if factor > 2 and (jpeg_chroma_ratio(buf) if chroma is None else chroma) >= 4:
         return 2
@@ -132,25 +133,34 @@ def probe_size(
     buf = _as_bytes(data)
     if sniff(buf) != "jpeg":
         return None
-    height, width, _, orientation = _jpeg_header(buf, key)
+    height, width, _, orientation, _ = _jpeg_header(buf, key)
     return (width, height) if orientation_swaps_axes(orientation) else (height, width)
 
 
-def _jpeg_header(buf: bytes | memoryview, key: str) -> tuple[int, int, str, int]:
-    """(raw height, raw width, colourspace, EXIF orientation) of a JPEG.
+def _jpeg_header(buf: bytes | memoryview, key: str) -> tuple[int, int, str, int, int | None]:
+    """(raw height, raw width, colourspace, EXIF orientation, chroma ratio) of a JPEG.
 
-    Common JPEGs are read by `jpeg_header` (Python, GIL held); the rest by libjpeg.
+    Common JPEGs are read by the native extension's `jpeg_header` (C, ~0.5 us, with the
+    chroma ratio `cap_dct_factor` needs) or, without it, by `jpeg_header` (Python, the
+    same rules, ~15 us; chroma None: read again if needed); both hold the GIL. The rest
+    by libjpeg (chroma None), which also words the errors.
     """
-    fast = jpeg_header(buf)
-    if fast is not None:
-        return fast
+    native = native_module()
+    if native is not None:
+        fast = native.jpeg_header(buf)
+        if fast is not None:
+            return fast  # type: ignore[no-any-return]
+    else:
+        walked = jpeg_header(buf)
+        if walked is not None:
+            return (*walked, None)
     import simplejpeg
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(buf)
     except ValueError as exc:
         raise _fail(key, f"corrupt or truncated JPEG header ({exc})") from None
-    return int(height), int(width), str(colorspace), jpeg_orientation(buf)
+    return int(height), int(width), str(colorspace), jpeg_orientation(buf), None
 
 
 def choose_dct_factor(height: int, width: int, min_size: tuple[float, float] | None) -> int:
@@ -214,14 +224,14 @@ def _decode_jpeg(
 ) -> DecodedImage:
     import simplejpeg
 
-    height, width, colorspace, orientation = _jpeg_header(buf, key)
+    height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
     _check_pixels(key, height, width, max_pixels)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
         return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=height * width)
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
-        factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf)
+        factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf, chroma)
     want_h, want_w = math.ceil(height / factor), math.ceil(width / factor)
     try:
         rgbx = simplejpeg.decode_jpeg(

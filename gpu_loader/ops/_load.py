@@ -107,12 +107,7 @@ def _load_jpeg_native(
     Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
     general path: EXIF-rotated ones and colour spaces other than YCbCr, RGB and grey.
     """
-    header = native.jpeg_header(buf)  # the Python walk's rules, ~1 us instead of ~15
-    if header is not None:
-        height, width, colorspace, orientation, chroma = header
-    else:  # unusual or damaged headers: libjpeg reads them and words the errors
-        height, width, colorspace, orientation = _jpeg_header(buf, key)
-        chroma = None
+    height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
     if orientation != 1 or colorspace not in _NATIVE_COLORSPACES:
         return None
     _check_pixels(key, height, width, max_pixels)
