@@ -34,7 +34,7 @@ def interrupt_main_after(inside: FrameType) -> None:
     """
     main = threading.main_thread().ident
 
-    def wait_then_interrupt(frame: FrameType | None) -> None:
+    def wait_then_interrupt(frame: FrameType) -> None:
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             top = sys._current_frames().get(main or 0)
@@ -44,7 +44,6 @@ def interrupt_main_after(inside: FrameType) -> None:
                 break
             del top
             time.sleep(0.001)
-        frame = None  # before the interrupt: hold nothing of the closed generator
         _thread.interrupt_main()
 
     threading.Thread(

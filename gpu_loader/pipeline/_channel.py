@@ -24,7 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 POLL_S = 0.05
 
@@ -46,6 +46,12 @@ class _Wake:
 WAKE: Any = _Wake()
 """Put into every queue when the pipeline stops; a thread that takes it puts it back
 (for the next waiter) and stops."""
+
+
+def pass_on_wake(q: queue.SimpleQueue[Any]) -> NoReturn:
+    """A thread took `WAKE` from ``q``: put it back for the next waiter, and stop."""
+    q.put(WAKE)
+    raise Stopped
 
 
 class StopEvent(threading.Event):
@@ -107,8 +113,7 @@ class Channel:
             except queue.Empty:
                 continue
             if item is WAKE:
-                self.data.put(WAKE)
-                raise Stopped
+                pass_on_wake(self.data)
             self.credits.put(None)
             return item
 
@@ -122,8 +127,7 @@ class Channel:
             except queue.Empty:
                 continue
             if credit is WAKE:
-                self.credits.put(WAKE)
-                raise Stopped
+                pass_on_wake(self.credits)
             self.data.put(item)
             return
 

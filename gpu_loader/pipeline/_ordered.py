@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._channel import EOS, POLL_S, WAKE, Channel, StopEvent, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, StopEvent, Stopped, pass_on_wake
 from ._defs import SKIP, PipeSpec
 from ._pipe_stage import _DROPPED, PipeStage
 from ._slow_lane import WorkerSlot
@@ -64,8 +64,7 @@ class OrderedPipeStage(PipeStage):
                     item = inq.get()
                 else:
                     if item is WAKE:
-                        inq.data.put(WAKE)
-                        raise Stopped
+                        pass_on_wake(inq.data)
                     credit_back(None)
                 seq = self._next_take
                 self._next_take += 1
@@ -96,8 +95,7 @@ class OrderedPipeStage(PipeStage):
                     raise Stopped from None
                 continue
             if token is WAKE:
-                self._window.put(WAKE)
-                raise Stopped
+                pass_on_wake(self._window)
             return
 
     def _deposit(self, seq: int, outs: Sequence[Any]) -> None:
@@ -123,7 +121,6 @@ class OrderedPipeStage(PipeStage):
                     out.put(value)
                 else:
                     if credit is WAKE:
-                        out.credits.put(WAKE)
-                        raise Stopped
+                        pass_on_wake(out.credits)
                     out.data.put(value)
             self._window.put(None)

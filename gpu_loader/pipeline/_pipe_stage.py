@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._channel import EOS, POLL_S, WAKE, Channel, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, Stopped, pass_on_wake
 from ._defs import SKIP, PipeSpec
 from ._errors import FailurePolicy, FailureRecord, add_note, item_key, release_locals
 from ._runtime import as_failure
@@ -153,8 +153,7 @@ class PipeStage(Stage):
                 item = inq.get()
             else:
                 if item is WAKE:
-                    inq.data.put(WAKE)
-                    raise Stopped
+                    pass_on_wake(inq.data)
                 credit_back(None)
             t1 = pc()
             if item is EOS:
@@ -177,8 +176,7 @@ class PipeStage(Stage):
                         out.put(value)
                     else:
                         if credit is WAKE:
-                            out.credits.put(WAKE)
-                            raise Stopped
+                            pass_on_wake(out.credits)
                         data_put(value)
             t3 = pc()
             add_task(t2 - t1, t1 - t0, t3 - t2, occ, skipped)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._channel import EOS, POLL_S, WAKE, Channel, Stopped
+from ._channel import EOS, POLL_S, WAKE, Channel, Stopped, pass_on_wake
 from ._runtime import Runtime, as_failure
 from ._stats import StageCounters, StageStats, percentile
 
@@ -125,8 +125,7 @@ class SourceStage(Stage):
                     out.put(item)
                 else:
                     if credit is WAKE:
-                        out.credits.put(WAKE)
-                        raise Stopped
+                        pass_on_wake(out.credits)
                     data_put(item)
                 t2 = pc()
                 add_task(t1 - t0, 0.0, t2 - t1 + held, 0, False)
