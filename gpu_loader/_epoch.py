@@ -519,7 +519,11 @@ class CpuEpoch(EpochBase):
         self.rows: StragglerRows | None = None
         if loader.batching == "straggler":
             self.rows = StragglerRows(
-                self.batcher.plan, self.new_batch, self.new_sample, self.recycle
+                self.batcher.plan,
+                self.new_batch,
+                self.new_sample,
+                self.recycle,
+                spare=loader._sample_spares(),
             )
         order: Literal["completion"] = "completion"
         self.decode_lane = self.slow_lane(loader.decode_threads)

@@ -105,6 +105,7 @@ class StragglerRows:
         new_sample: Callable[[], torch.Tensor],
         recycle: Callable[[torch.Tensor], None],
         clock: Callable[[], float] = time.monotonic,
+        spare: collections.deque[torch.Tensor] | None = None,
     ) -> None:
         self.plan = plan
         self._new_batch = new_batch
@@ -113,8 +114,12 @@ class StragglerRows:
         self._lock = threading.Lock()
         self._slabs: dict[int, Slab] = {}
         self._gone: collections.Counter[int] = collections.Counter()  # emitted or failed
-        # Private tensors of late samples, reused (deque append/pop are atomic).
-        self._spare: collections.deque[torch.Tensor] = collections.deque()
+        # Private tensors of late samples, reused (deque append/pop are atomic); the
+        # loader passes its own, kept across epochs: fresh ones each epoch were freed and
+        # made again, and glibc's heap grew ~2 MB an epoch for 30 epochs (fragmentation).
+        self._spare: collections.deque[torch.Tensor] = (
+            collections.deque() if spare is None else spare
+        )
         # Positions with a slab row whose sample the batcher has not received, with the
         # clock() reading when their decode began (None once it ended): a batch that
         # skipped one could not be built on that slab (see `hold_back`).

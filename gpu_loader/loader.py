@@ -10,6 +10,7 @@ The GPU path (`gpu_loader._gpu_epoch`) decodes whole batches on the device inste
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import operator
@@ -331,6 +332,7 @@ class ImageLoader:
         self._stats_at_close: LoaderStats | None = None
         self._arenas: tuple[PinnedArena, PinnedArena] | None = None
         self._pool: BatchPool | None = None
+        self._spares: tuple[tuple[Any, ...], collections.deque[torch.Tensor]] | None = None
         self._arena_ports: GpuPorts | None = None
         self._cuda_ports: GpuPorts | None = None  # made at the first GPU epoch, then kept
         self._gpu_worker_pool: WorkerPool | None = None
@@ -705,6 +707,13 @@ class ImageLoader:
             keep = self.options.prefetch_batches + self.options.max_delay_batches + 2
             self._pool = BatchPool(tail, dtype, keep=keep)
         return self._pool
+
+    def _sample_spares(self) -> collections.deque[torch.Tensor]:
+        """Straggler mode's private sample tensors (CPU path), kept across epochs."""
+        key = (self.transform.output_size, self.dtype)
+        if self._spares is None or self._spares[0] != key:
+            self._spares = (key, collections.deque())
+        return self._spares[1]
 
     def _gpu_ports(self) -> GpuPorts:
         """The GPU path's ports: the options' own, or the CUDA ones made once per loader

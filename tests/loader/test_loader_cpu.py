@@ -661,6 +661,7 @@ def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
     assert left_behind and not any(left_behind), assembled
     stats = loader.batching_stats()
     assert stats is not None and stats.large_private >= 1
+    assert loader._sample_spares()  # its private tensor waits there for the next epoch
     # The users' view of the copies: the big file's row at least, and the spy's count.
     assert stats.rows_copied >= 1
     assert stats.batches_copied == sum(fresh for _, fresh in assembled)
