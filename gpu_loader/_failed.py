@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: kept for every failure of every epoch
 class FailedSample:
     """A sample that was not delivered, and why."""
 

@@ -18,7 +18,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
@@ -321,6 +321,8 @@ class ImageLoader:
         # depend on whether the garbage collector has freed that epoch yet.
         self._closed_progress: dict[str, Any] | None = None
         self._failed: list[FailedSample] = []
+        # Each error text once: a file that fails every epoch fails with the same message.
+        self._failure_texts: dict[str, str] = {}
         self._last_engine_stats: Any = None
         self._last_batcher_stats: BatcherStats | None = None
         # A weak reference: the epoch's generator (held by the training loop) keeps the
@@ -600,15 +602,25 @@ class ImageLoader:
             "epochs may be shared"
         )
 
-    def failed_samples(self) -> list[FailedSample]:
-        """Every sample not delivered so far, with its key, stage and error. An epoch run
-        again from its start replaces the records of its earlier (cut-short) pass."""
+    def failed_samples(self, epoch: int | None = None) -> list[FailedSample]:
+        """Every sample not delivered so far (of ``epoch`` only, if given), with its key,
+        stage and error. An epoch run again from its start replaces the records of its
+        earlier (cut-short) pass."""
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+            raise TypeError(f"failed_samples(epoch=...) takes an int or None, got {epoch!r}")
         active = self._epoch()
         with self._lock:  # an epoch's records move into `_failed` under this lock
             done = list(self._failed)
             if active is not None and not active.reported:
                 done += active.failures()
-        return done
+        return done if epoch is None else [f for f in done if f.epoch == epoch]
+
+    def _failure_count(self) -> int:
+        """``len(failed_samples())`` without copying the records (`stats` runs often)."""
+        active = self._epoch()
+        with self._lock:
+            running = len(active.failures()) if active is not None and not active.reported else 0
+            return len(self._failed) + running
 
     def stats(self) -> LoaderStats:
         """A typed snapshot: throughput, stall %, GPU, CPU, memory, stages, bottleneck."""
@@ -617,7 +629,7 @@ class ImageLoader:
         active = self._epoch()
         engine = active.engine_stats() if active is not None else self._last_engine_stats
         monitor = self._monitor or _make_monitor(self)
-        return monitor.stats(engine, failures=len(self.failed_samples()))
+        return monitor.stats(engine, failures=self._failure_count())
 
     def batching_stats(self) -> BatcherStats | None:
         """The batcher's record for the running (or last) epoch: batches, moved samples and
@@ -687,7 +699,7 @@ class ImageLoader:
         if not self.options.progress:
             return None
         # The monitor counts samples and failures over every epoch; this bar, this epoch's.
-        earlier = sum(1 for f in self.failed_samples() if f.epoch != self.epoch)
+        earlier = self._failure_count() - len(self.failed_samples(self.epoch))
         return ProgressReporter(
             samples, desc=f"epoch {self.epoch}", start=monitor.rate.samples, start_failures=earlier
         )
@@ -774,6 +786,8 @@ class ImageLoader:
     ) -> None:
         if epoch.pass_number == self._passes:
             self._closed_progress = epoch.received.state()
+        texts = self._failure_texts
+        records = [replace(f, error=texts.setdefault(f.error, f.error)) for f in records]
         with self._lock:
             self._failed.extend(records)
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import threading
 import time
 from collections import Counter
@@ -156,6 +157,14 @@ def test_bad_files_are_reported_and_the_rest_delivered_once(
     assert by_key[missing].stage == "read" and "FileNotFoundError" in by_key[missing].error
     for key in bad_keys - {missing}:
         assert by_key[key].stage == "decode"
+    assert {f.key: f for f in loader.failed_samples(epoch=0)} == by_key
+    assert loader.stats().failures == len(failed) == 10
+    # A file failing every epoch keeps one error text (records are kept for every epoch).
+    again = {f.key: f for f in loader.failed_samples(1)}
+    assert all(again[k].error is by_key[k].error for k in bad_keys)
+    assert pickle.loads(pickle.dumps(failed)) == failed  # as all_gather_object sends them
+    with pytest.raises(TypeError, match="epoch"):
+        loader.failed_samples("0")  # type: ignore[arg-type]
 
 
 def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> None:
