@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import posixpath
@@ -77,9 +78,10 @@ class ImageFolder(FileIndex):
             prefix,
         )
 
-    @property
+    @functools.cached_property
     def targets(self) -> list[int]:
-        """The labels as a list, under torchvision's name for them."""
+        """The labels as a list, under torchvision's name for them (made once: code written
+        for torchvision reads ``targets[i]`` in loops)."""
         return self.labels.tolist()
 
 

@@ -41,6 +41,7 @@ def test_labels_follow_torchvision_rule(tree: Path) -> None:
     assert index.labels.dtype == np.int64
     assert [index.label(i) for i in range(len(index))] == index.labels.tolist()
     assert index.targets == index.labels.tolist()  # torchvision's name
+    assert index.targets is index.targets  # made once, not per access (loops index it)
 
 
 def test_labels_array_is_read_only(tree: Path) -> None:
