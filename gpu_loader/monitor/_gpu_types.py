@@ -24,10 +24,12 @@ class GpuReading:
     """When it was taken, on the sampler's clock (seconds)."""
     index: int
     """NVML device index."""
-    sm_util_percent: float
-    """Percent of the last sample period in which a kernel ran on the device (NVML "gpu")."""
-    mem_util_percent: float
-    """Percent of the last sample period in which device memory was read or written."""
+    sm_util_percent: float | None
+    """Percent of the last sample period in which a kernel ran on the device (NVML "gpu");
+    None where NVML does not support it (MIG instances, some vGPUs)."""
+    mem_util_percent: float | None
+    """Percent of the last sample period in which device memory was read or written; None
+    where NVML does not support it."""
     memory_used_bytes: int
     """Device memory in use by all processes."""
     memory_total_bytes: int

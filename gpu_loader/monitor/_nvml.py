@@ -12,7 +12,9 @@ Decisions (tested in tests/monitor/test_nvml_sampler.py):
   every device failed (e.g. "GPU is lost") it stops cleanly; the snapshot then says
   ``available=False`` and why. ``close()`` joins either way.
 - PCIe counters that NVML reports as NOT_SUPPORTED (some VMs, MIG) are read as None
-  from then on, not counted as failures.
+  from then on, not counted as failures. So is utilisation (MIG instances and some vGPUs
+  have none in NVML): idle % is then not reported (None, "n/a"), memory still is, and
+  one warning per process says why.
 
 Overhead: one tick is ~5 ctypes calls per device. ``nvmlDeviceGetPcieThroughput``
 blocks ~20 ms inside the driver (it measures a 20 ms window) but ctypes releases the
@@ -114,6 +116,7 @@ class NvmlSampler(PeriodicThread):
         self._handles: dict[int, Any] = {}
         self._names: dict[int, str] = {}
         self._no_pcie: set[int] = set()
+        self._no_util: set[int] = set()
         self._reason: str | None = "not started"
         self._available = False
         self._initialised = False
@@ -202,9 +205,28 @@ class NvmlSampler(PeriodicThread):
                 return None
             raise
 
+    def _read_utilization(self, index: int) -> tuple[float | None, float | None]:
+        if index in self._no_util:
+            return None, None
+        try:
+            return parse_utilization(self._nvml.nvmlDeviceGetUtilizationRates(self._handles[index]))
+        except Exception as exc:
+            if not self._is_not_supported(exc):
+                raise
+        self._no_util.add(index)
+        reason = (
+            f"NVML reports no utilisation for GPU {index} ({self._names.get(index, '?')}; "
+            "MIG instances and some vGPUs have none): GPU idle % is not reported, memory is"
+        )
+        with _warned_lock:
+            first = reason not in _warned
+            _warned.add(reason)
+        _log.log(logging.WARNING if first else logging.DEBUG, "GPU monitoring: %s", reason)
+        return None, None
+
     def _read(self, index: int) -> GpuReading:
         nvml, handle = self._nvml, self._handles[index]
-        sm, mem = parse_utilization(nvml.nvmlDeviceGetUtilizationRates(handle))
+        sm, mem = self._read_utilization(index)
         used, total = parse_memory(nvml.nvmlDeviceGetMemoryInfo(handle))
         tx = self._read_pcie(index, "NVML_PCIE_UTIL_TX_BYTES", 0)
         rx = self._read_pcie(index, "NVML_PCIE_UTIL_RX_BYTES", 1)

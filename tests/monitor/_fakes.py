@@ -46,6 +46,7 @@ class FakeGpu:
     rx: int = 2000
     name: str | bytes = "NVIDIA Fake H100"
     pcie_supported: bool = True
+    util_supported: bool = True  # False: a MIG instance
     lost: bool = False
 
 
@@ -92,6 +93,8 @@ class FakeNvml:
         gpu = self._gpu(handle)
         self.reads += 1
         self.read_event.set()
+        if not gpu.util_supported:
+            raise FakeNVMLError(NOT_SUPPORTED)
         return SimpleNamespace(gpu=gpu.sm, memory=gpu.mem)
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:

@@ -161,6 +161,40 @@ def test_pcie_not_supported_reads_as_none_without_errors() -> None:
     assert snap.devices[0].pcie_tx_kbps is None and snap.devices[0].sm_util_percent == 50.0
 
 
+def test_utilisation_not_supported_mig_reads_as_none_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A MIG instance: NVML has memory figures but no utilisation. Before, each read
+    # failed as a whole and the sampler stopped after five ticks, memory included.
+    nvml = FakeNvml(gpus=[FakeGpu(util_supported=False, pcie_supported=False), FakeGpu(sm=70)])
+    sampler = NvmlSampler(interval_s=1.0, nvml=nvml)
+    assert sampler._setup()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpu_loader.monitor"):
+            for _ in range(8):
+                assert sampler._tick()
+                assert sampler.sample_once() == 2
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    assert snap.available and snap.errors == 0
+    mig, whole = snap.devices
+    assert mig.sm_util_percent is None and mig.mem_util_percent is None
+    assert mig.memory_used_bytes == 2 * 1024**3 and mig.samples > 0
+    assert whole.sm_util_percent == 70.0
+    assert snap.util_percent == 70.0  # the mean of the devices that report it
+    warned = [m for m in warnings_from(caplog) if "no utilisation" in m]
+    assert len(warned) == 1 and "GPU 0" in warned[0] and "idle" in warned[0]
+    only_mig = FakeNvml(gpus=[FakeGpu(util_supported=False)])
+    sampler = NvmlSampler(interval_s=1.0, nvml=only_mig)
+    assert sampler._setup()
+    try:
+        assert sampler.sample_once() == 1
+        assert sampler.snapshot().idle_percent is None  # not 100 % idle: unknown
+    finally:
+        sampler.close()
+
+
 def test_transient_failure_is_recorded_and_sampling_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
