@@ -68,7 +68,7 @@ def load_into(
     else:
         height, width = size
         params = transform.make_params(height, width, rng)
-        factor = dct_factor_for(params, transform.output_size, height, width)
+        factor = _dct_factor(transform, params, height, width)
         image = decode_at(buf, key=key, max_pixels=max_pixels, factor=cap_dct_factor(factor, buf))
         params = image.box(params)
     transform_into(image, params, out, mean=transform.mean, std=transform.std, dtype=dtype)
@@ -92,6 +92,14 @@ def dct_factor_for(
     return 1
 
 
+def _dct_factor(
+    transform: TrainTransform | EvalTransform, params: CropParams, height: int, width: int
+) -> int:
+    if not transform.reduced_decode:
+        return 1
+    return dct_factor_for(params, transform.output_size, height, width)
+
+
 def _load_jpeg_native(
     native: ModuleType,
     buf: bytes | memoryview,
@@ -112,9 +120,7 @@ def _load_jpeg_native(
         return None
     _check_pixels(key, height, width, max_pixels)
     params = transform.make_params(height, width, rng)
-    factor = cap_dct_factor(
-        dct_factor_for(params, transform.output_size, height, width), buf, chroma
-    )
+    factor = cap_dct_factor(_dct_factor(transform, params, height, width), buf, chroma)
     if factor != 1:
         params = params.scaled(1.0 / factor)
     try:

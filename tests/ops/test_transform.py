@@ -109,6 +109,33 @@ def test_reduced_decode_path_is_taken_and_stays_close(
     assert psnr01(out, pillow_reference(big.data, t, np.random.default_rng(0)), t) >= 35.0
 
 
+def test_reduced_decode_false_decodes_fine_texture_at_full_size(scales_used: list[float]) -> None:
+    # Stripes 12 px apart, 4:2:2 chroma (QA): at 1/4 scale they survive the DCT decode
+    # and alias in the short resize that follows, 28 dB from the full-decode reference.
+    y, x = np.mgrid[0:900, 0:1000].astype(np.float32)
+    pixels = np.stack(
+        [
+            128 + 100 * np.sin(2 * np.pi * x / 12),
+            128 + 60 * np.cos(2 * np.pi * y / 37),
+            128 + 0 * x,
+        ],
+        -1,
+    )
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buf, "JPEG", quality=90, subsampling=1)
+    data = buf.getvalue()
+    got = {}
+    for reduced in (True, False):
+        t = EvalTransform(112, resize=128, reduced_decode=reduced)
+        out = np.empty((3, 112, 112), np.float32)
+        load_into(data, t, np.random.default_rng(0), out, dtype="float32")
+        got[reduced] = psnr01(out, pillow_reference(data, t, np.random.default_rng(0)), t)
+    assert scales_used == [0.25]  # asked once: the full-size decode does not ask
+    assert got[False] >= 50.0 and got[False] > got[True] + 10, got
+    with pytest.raises(TypeError, match="reduced_decode"):
+        TrainTransform(224, reduced_decode=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_exif_rotated_jpeg_through_load_into(orientation: int, scales_used: list[float]) -> None:
     # Sides that are not multiples of 8: a 1/8 decode's last pixel stands for a padded
