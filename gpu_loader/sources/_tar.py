@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("gpu_loader.sources")
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
+# Every format the decoders take (`ops.sniff`), under WebDataset's extension names.
+IMAGE_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "pnm"}
+)
 LABEL_EXTENSION = "cls"
 
 # WebDataset's rule: the key is everything up to the first dot of the file name.
@@ -302,6 +305,7 @@ def _size_of(f: IO[bytes]) -> int:
 def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
     images: dict[str, tuple[str, int, int]] = {}  # key -> (member, offset, size), archive order
     labels: dict[str, int] = {}
+    lost: list[str] = []  # image members no sample takes
     for member in tar:
         check_member_name(member.name, shard)
         if member.isdir():
@@ -319,8 +323,12 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
             )
         parts = _KEY_EXT.match(member.name)
         if parts is None:
+            if _image_like(member.name):
+                lost.append(member.name)  # a dot-file such as ".x.jpg": no key
             continue  # no extension: not part of any sample
         key, ext = parts.group(1), parts.group(2).lower()
+        if ext not in IMAGE_EXTENSIONS and ext != LABEL_EXTENSION and _image_like(ext):
+            lost.append(member.name)  # "k.v2.jpg": key "k", extension "v2.jpg"
         if ext in IMAGE_EXTENSIONS:
             if key in images:
                 raise ValueError(
@@ -335,7 +343,38 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                     f"{member.name!r}); keep one label per key"
                 )
             labels[key] = _read_label(tar, member, shard)
+    _warn_lost(shard, lost, [k for k in labels if k not in images], len(images))
     return [(m, off, size, labels.get(key, -1)) for key, (m, off, size) in images.items()]
+
+
+def _image_like(name: str) -> bool:
+    """An image extension ends ``name`` (its last dot-part)."""
+    return name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS if "." in name else False
+
+
+def _warn_lost(shard: str, lost: list[str], unmatched: list[str], samples: int) -> None:
+    """Say which members hold an image or a label that no sample takes: the samples
+    they were meant for are not in the index, and nothing else would tell."""
+    if not lost and not unmatched:
+        return
+    parts = []
+    if lost:
+        parts.append(
+            f"{len(lost)} image member(s) no sample takes ({_examples(lost)}): a sample's "
+            "key is the name up to its first dot, so 'a.v2.jpg' has the extension 'v2.jpg', "
+            "and a name starting with a dot has no key"
+        )
+    if unmatched:
+        parts.append(
+            f"{len(unmatched)} label(s) without an image ({_examples(unmatched)}.cls); "
+            f"image extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}"
+        )
+    _log.warning("tar shard %r: %s; indexed %d sample(s) from it", shard, "; ".join(parts), samples)
+
+
+def _examples(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, shard: str) -> int:

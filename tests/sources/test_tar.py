@@ -144,6 +144,42 @@ def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_pat
     assert index.labels.tolist() == [-1, 3]
 
 
+def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # QA: four labelled samples of five vanished from the index without a word.
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, fmt in (("good.jpg", "JPEG"), ("pic.gif", "GIF"), ("scan.tif", "TIFF")):
+            add_member(tar, name, image_bytes(len(name), fmt))
+            add_member(tar, name.split(".")[0] + ".cls", b"1")
+        add_member(tar, "img.v2.jpg", image_bytes(7))  # key "img", extension "v2.jpg"
+        add_member(tar, "img.cls", b"2")
+        add_member(tar, ".hidden.jpg", image_bytes(8))  # no key at all
+        add_member(tar, "meta.json", b"{}")  # a companion file: not an image, no warning
+    path = tmp_path / "odd.tar"
+    path.write_bytes(out.getvalue())
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        index = TarShards([str(path)])
+    members = sorted(index.key(i).split(":")[-1] for i in range(len(index)))
+    assert members == ["good.jpg", "pic.gif", "scan.tif"]  # every format the decoders take
+    assert index.labels.tolist() == [1, 1, 1]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "2 image member(s) no sample takes ('img.v2.jpg', '.hidden.jpg')" in warning
+    assert "1 label(s) without an image ('img'.cls)" in warning and "odd.tar" in warning
+    assert "meta.json" not in warning and "indexed 3 sample(s)" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        TarShards([str(p) for p in _plain_shards(tmp_path)])
+    assert not caplog.records  # ordinary shards: nothing to say
+
+
+def _plain_shards(tmp_path: Path) -> list[Path]:
+    path = tmp_path / "plain.tar"
+    path.write_bytes(shard_bytes(_samples(0, 4)))
+    return [path]
+
+
 @pytest.mark.parametrize("name", ["/etc/passwd.jpg", "../up.jpg", "a/../../b.jpg", "C:/x.jpg"])
 def test_hostile_member_names_are_refused(tmp_path: Path, name: str) -> None:
     out = io.BytesIO()
