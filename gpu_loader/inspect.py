@@ -150,14 +150,25 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     counts = thread_counts(cpus)
     transform = TrainTransform(size)
     blobs: dict[int, bytes] = {}
+    bad: dict[int, str] = {}  # sample -> "stage: error" (every timing run meets the same ones)
 
     def read(i: int) -> int:
-        blobs[i] = index.read(i)
+        try:
+            blobs[i] = index.read(i)
+        except Exception as exc:
+            bad[i] = f"read: {type(exc).__name__}: {exc}"
+            raise
         return i
 
     def decode(i: int) -> int:
         out = np.empty((3, size, size), np.float32)
-        load_into(blobs[i], transform, sample_rng(0, 0, i), out, dtype="float32", key=index.key(i))
+        try:
+            load_into(
+                blobs[i], transform, sample_rng(0, 0, i), out, dtype="float32", key=index.key(i)
+            )
+        except Exception as exc:
+            bad[i] = f"decode: {type(exc).__name__}: {exc}"
+            raise
         return i
 
     read_profiles = [time_stage("read", read, items, n) for n in counts]
@@ -165,7 +176,20 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     decode_profiles = [time_stage("decode", decode, readable, n) for n in counts]
     blobs.clear()
     rate = loader_rate(index, count, size, recommend(read_profiles), recommend(decode_profiles))
-    return format_report(index, count, cpus, read_profiles, decode_profiles, rate)
+    report = format_report(index, count, cpus, read_profiles, decode_profiles, rate)
+    return report + format_bad_files(index, bad)
+
+
+def format_bad_files(index: SampleIndex, bad: dict[int, str], limit: int = 20) -> str:
+    """The files that failed, each with its key and error (the first ``limit``)."""
+    if not bad:
+        return ""
+    lines = ["", f"bad files ({len(bad)}; the loader skips and reports them):"]
+    for i in sorted(bad)[:limit]:
+        lines.append(f"  {index.key(i)}: {bad[i]}")
+    if len(bad) > limit:
+        lines.append(f"  ... and {len(bad) - limit} more")
+    return "\n".join(lines)
 
 
 def format_report(

@@ -113,14 +113,20 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     # --data takes what ImageLoader takes: here a CSV list, as a file:// URL (a Path
     # argument had turned it into file:/...).
     listing = out / "list.csv"
+    (out / "bad.jpg").write_bytes(b"not a jpeg")
     listing.write_text(
-        "path,label\n" + "".join(f"{p.relative_to(out)},{i % 2}\n" for i, p in enumerate(files))
+        "path,label\nbad.jpg,0\ngone.jpg,1\n"
+        + "".join(f"{p.relative_to(out)},{i % 2}\n" for i, p in enumerate(files))
     )
     listed = run(
         "inspect", "--data", f"file://{listing}", "--samples", "8", "--size", "32", cache=tmp_path
     )
     assert listed.returncode == 0, listed.stderr
-    assert "inspected 8 of 12 images" in listed.stdout
+    assert "inspected 8 of 14 images" in listed.stdout
+    # Bad files are named with their key and error, not only counted (QA).
+    assert "bad files (2; the loader skips and reports them):" in listed.stdout
+    assert "bad.jpg: decode: DecodeError:" in listed.stdout
+    assert "gone.jpg: read: FileNotFoundError:" in listed.stdout
     assert "CPU backend: native (C, libjpeg-turbo " in inspected.stdout
     assert "decode" in inspected.stdout and "read" in inspected.stdout
 
