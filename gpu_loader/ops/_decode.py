@@ -13,6 +13,7 @@ import contextlib
 import io
 import math
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from gpu_loader.ops._formats import (
     jpeg_orientation,
     orientation_swaps_axes,
     png_damage,
+    pnm_damage,
     sniff,
     webp_damage,
 )
@@ -297,14 +299,17 @@ def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
 def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: int) -> DecodedImage:
     import cv2
 
+    size = header_size(buf, fmt)
+    if size is not None:  # first: a bomb is a bomb, whether or not it is also cut short
+        _check_pixels(key, size[0], size[1], max_pixels)
     if fmt == "bmp" and (reason := bmp_damage(buf)) is not None:
         raise _fail(key, f"truncated BMP: {reason}")
     if fmt == "webp" and (reason := webp_damage(buf)) is not None:
         raise _fail(key, f"truncated WebP: {reason}")
-    size = header_size(buf, fmt)
+    if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:
+        raise _fail(key, f"truncated netpbm image: {reason}")
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
-    _check_pixels(key, size[0], size[1], max_pixels)
     pixels = size[0] * size[1]
     if fmt in ("tiff", "gif"):
         # Pillow: OpenCV premultiplies RGBA TIFFs by their alpha and warns on stderr about
@@ -350,7 +355,9 @@ def _decode_pillow(
     except DecodeError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise _fail(key, f"corrupt, truncated or unsupported image ({exc})") from None
+        # Pillow names the file object it was given: "<_io.BytesIO object at 0x7f...>".
+        said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc))
+        raise _fail(key, f"corrupt, truncated or unsupported image ({said})") from None
     except Image.DecompressionBombError as exc:
         raise _fail(key, f"too many pixels ({exc})") from None
     rgbx = np.asarray(rgb)

@@ -46,6 +46,8 @@ class FileList(FileIndex):
             location = os.fspath(path)
             if not location:
                 raise ValueError(f"FileList item {n}: path is empty")
+            if "\x00" in location:  # no file system takes it: say so now, not per read
+                raise ValueError(f"FileList item {n}: path {location!r} holds a NUL byte")
             if root is not None and _absolute(location):
                 raise ValueError(
                     f"FileList item {n}: {location!r} is not relative to `root`; give "

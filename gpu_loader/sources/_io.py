@@ -90,7 +90,12 @@ def open_regular(key: str, path: str, what: str = "sample") -> io.FileIO:
     sample's key. Opened non-blocking, so a FIFO fails at once; that flag changes nothing
     for a regular file.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if special := _special_file(key, path, exc, what):
+            raise special from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -99,6 +104,19 @@ def open_regular(key: str, path: str, what: str = "sample") -> io.FileIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def _special_file(key: str, path: str, exc: OSError, what: str) -> OSError | None:
+    """The not-a-regular-file error for an ``open`` that failed before any ``fstat``
+    could say what the file is: a socket (or a device without a driver) gives ENXIO or
+    ENODEV, "No such device or address", which named no reason. None otherwise."""
+    if exc.errno not in (errno.ENXIO, errno.ENODEV):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _not_regular(key, path, mode, what)
 
 
 def _not_regular(key: str, path: str, mode: int, what: str) -> OSError:
@@ -177,6 +195,7 @@ def file_size(location: str) -> int:
 
 def read_file(key: str, location: str) -> bytes:
     """All bytes of one file (local path or URL)."""
+    path = None
     try:
         path = local_path(location)
         if path is not None:
@@ -185,6 +204,8 @@ def read_file(key: str, location: str) -> bytes:
     except FileNotFoundError:
         raise not_found(key, location) from None
     except OSError as exc:
+        if path is not None and (special := _special_file(key, path, exc, "sample")):
+            raise special from None
         add_key_note(exc, key)
         raise
 

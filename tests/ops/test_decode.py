@@ -88,7 +88,10 @@ def test_netpbm_files_decode_like_pillow(
     out = decode(data, key="x.ppm").array
     assert out.shape == (96, 128, 3)
     assert np.array_equal(out, pillow_rgb(data))
-    with pytest.raises(DecodeError, match="corrupt, truncated") as info:
+    # A binary file's size follows from its header: said before OpenCV prints its error.
+    binary = data[1:2] in (b"4", b"5", b"6")  # (this Pillow may write binary for plain=)
+    said = "truncated netpbm image: it holds" if binary else "corrupt, truncated"
+    with pytest.raises(DecodeError, match=said) as info:
         decode(data[: len(data) // 2], key="cut.ppm")
     assert "'cut.ppm'" in str(info.value)
     # A hostile header is refused by its size before any pixel is allocated.
@@ -224,6 +227,22 @@ def test_a_cut_bmp_is_named_without_decoder_noise(
             decode(data[:cut], key="cut.bmp")
         assert "'cut.bmp'" in str(info.value)
     assert capfd.readouterr().err == ""  # OpenCV would print "imdecode_(''): can't read data"
+
+
+def test_a_bmp_bomb_is_a_bomb_before_it_is_cut_short() -> None:
+    # 60000 x 60000 declared in a 58-byte file: the pixel limit names it, not "truncated".
+    header = b"BM" + struct.pack("<IHHI", 58, 0, 0, 54)
+    info = struct.pack("<IiiHHIIiiII", 40, 60000, 60000, 1, 24, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(DecodeError, match="exceeds max_pixels") as caught:
+        decode(header + info + b"\0\0\0\0", key="bomb.bmp")
+    assert "'bomb.bmp'" in str(caught.value)
+
+
+def test_pillows_file_object_is_not_in_the_message() -> None:
+    # "cannot identify image file <_io.BytesIO object at 0x7f...>": an address, not news.
+    with pytest.raises(DecodeError, match="corrupt, truncated or unsupported") as info:
+        decode(b"GIF89a" + struct.pack("<HH", 4, 4) + b"\xff" * 40, key="odd.gif")
+    assert "BytesIO" not in str(info.value) and "0x" not in str(info.value)
 
 
 def test_a_cut_gif_is_reported_by_pillow_without_decoder_noise(
@@ -365,11 +384,14 @@ def test_max_pixels_not_pillows_own_limit_decides(
     odd = (Path(__file__).parent / "data" / "sampling_2x2_1x1_2x2.jpg").read_bytes()
     cmyk = io.BytesIO()
     Image.fromarray(image).convert("CMYK").save(cmyk, "JPEG", quality=95)
-    for data in (odd, cmyk.getvalue(), tiff(image)):
+    ppm = io.BytesIO()
+    Image.fromarray(image).save(ppm, "PPM")  # QA: 200 Mpx PPMs met Pillow's limit
+    for data in (odd, cmyk.getvalue(), tiff(image), ppm.getvalue()):
         assert decode(data, key="big").array.ndim == 3
     assert Image.MAX_IMAGE_PIXELS == 100  # lifted for those decodes only
-    with pytest.raises(DecodeError, match="max_pixels"):
-        decode(tiff(image), max_pixels=50)
+    for data in (tiff(image), ppm.getvalue()):
+        with pytest.raises(DecodeError, match="max_pixels"):
+            decode(data, max_pixels=50)
 
 
 def test_pillows_size_is_checked_when_our_header_reads_another(

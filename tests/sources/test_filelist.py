@@ -33,6 +33,7 @@ def test_items_keep_order_labels_and_bytes(tmp_path: Path) -> None:
         ([("a.jpg",)], TypeError, "item 0 must be a"),
         ([(3, 1)], TypeError, "path must be a str"),
         ([("", 1)], ValueError, "path is empty"),
+        ([("a\x00.jpg", 1)], ValueError, "holds a NUL byte"),
         ([("a.jpg", 2**70)], ValueError, r"'a\.jpg'.*does not fit in int64"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,9 +178,13 @@ def test_file_url_uses_the_local_fast_path(tree: Path) -> None:
 def test_special_files_are_refused_with_their_key_at_once(tree: Path, reader: str) -> None:
     os.mkfifo(tree / "dog" / "pipe.jpg")  # opening it to read would wait for a writer forever
     (tree / "dog" / "zero.jpg").symlink_to("/dev/zero")  # never ends: would fill memory
+    with socket.socket(socket.AF_UNIX) as server:  # open() fails with ENXIO, before fstat
+        server.bind(str(tree / "dog" / "sock.jpg"))
     index = ImageFolder(tree)
     keys = [index.key(i) for i in range(len(index))]
-    for name, kind in (("pipe.jpg", "FIFO (named pipe)"), ("zero.jpg", "character device")):
+    kinds = [("pipe.jpg", "FIFO (named pipe)"), ("zero.jpg", "character device")]
+    kinds.append(("sock.jpg", "socket"))
+    for name, kind in kinds:
         i = next(i for i, k in enumerate(keys) if k.endswith(name))
         with pytest.raises(OSError, match=rf"sample {keys[i]!r} is a {re.escape(kind)}"):
             index.read(i)
