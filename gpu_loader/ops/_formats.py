@@ -193,10 +193,27 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
             if zlib.crc32(view[pos + 4 : chunk_end - 4]) != stored:
                 name = _chunk_name(kind)
                 return f"chunk {name!r} at byte {pos:,} fails its CRC (damaged data)", None
+        if kind == b"IHDR" and length >= 10 and (bad := _ihdr_damage(view[pos + 8 : pos + 18])):
+            return bad, None
         if kind == b"IDAT":
             idat_done = True
         pos = chunk_end
     return None, None  # too many chunks to walk: as if complete
+
+
+# PNG colour type -> the bit depths the standard allows for it (libpng prints a warning
+# and an error line for any other pair before refusing the file).
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+
+
+def _ihdr_damage(ihdr: memoryview) -> str | None:
+    depth, colour = ihdr[8], ihdr[9]
+    allowed = _PNG_DEPTHS.get(colour)
+    if allowed is None:
+        return f"its header names colour type {colour}, which PNG does not define"
+    if depth not in allowed:
+        return f"its header pairs colour type {colour} with bit depth {depth}, not allowed"
+    return None
 
 
 def bmp_damage(data: bytes | memoryview) -> str | None:

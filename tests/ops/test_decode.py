@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,22 @@ def test_a_damaged_png_is_named_without_decoder_noise(
         decode(bytes(data), key="flip.png")
     assert "'flip.png'" in str(info.value)
     assert capfd.readouterr().err == ""  # libpng would print "IDAT: CRC error"
+
+
+@pytest.mark.parametrize(
+    ("depth", "colour", "reason"),
+    [(8, 5, "colour type 5, which PNG does not define"), (4, 2, "colour type 2 with bit depth 4")],
+)
+def test_a_png_header_outside_the_standard_is_named_without_decoder_noise(
+    image: np.ndarray, depth: int, colour: int, reason: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = bytearray(png(image))
+    data[24:26] = bytes((depth, colour))  # IHDR's bit depth and colour type
+    data[29:33] = zlib.crc32(data[12:29]).to_bytes(4, "big")  # a valid CRC: only the pair is bad
+    with pytest.raises(DecodeError, match=reason) as info:
+        decode(bytes(data), key="odd.png")
+    assert "'odd.png'" in str(info.value)
+    assert capfd.readouterr().err == ""  # libpng: "Invalid color type in IHDR" and more
 
 
 def test_a_png_without_its_end_trailer_still_decodes(
