@@ -79,6 +79,16 @@ class ImageFolder(FileIndex):
         )
 
     @functools.cached_property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(key, label)`` per sample, as torchvision's ``ImageFolder.samples`` (made once)."""
+        return [(self.key(i), label) for i, label in enumerate(self.targets)]
+
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        """torchvision's older name for `samples`."""
+        return self.samples
+
+    @functools.cached_property
     def targets(self) -> list[int]:
         """The labels as a list, under torchvision's name for them (made once: code written
         for torchvision reads ``targets[i]`` in loops)."""

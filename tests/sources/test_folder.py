@@ -43,6 +43,8 @@ def test_labels_follow_torchvision_rule(tree: Path) -> None:
     assert [index.label(i) for i in range(len(index))] == index.labels.tolist()
     assert index.targets == index.labels.tolist()  # torchvision's name
     assert index.targets is index.targets  # made once, not per access (loops index it)
+    assert index.samples == [(index.key(i), index.label(i)) for i in range(len(index))]
+    assert index.imgs is index.samples  # torchvision's older name
 
 
 def test_labels_array_is_read_only(tree: Path) -> None:
