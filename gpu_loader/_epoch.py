@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import StragglerRows, as_numpy
 from gpu_loader._threads import interrupt_main_after, join_started
@@ -287,7 +288,7 @@ class EpochBase:
         return SlowLane(max_threads=limit, threshold=threshold)
 
     # -- consuming -----------------------------------------------------------------------
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self) -> Iterator[Yielded]:
         """The generator the training loop iterates."""
         try:
             yield from self._batches()
@@ -311,7 +312,7 @@ class EpochBase:
             except KeyboardInterrupt:
                 continue
 
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self) -> Iterator[Yielded]:
         loader = self.loader
         # An iterator whose epoch was stopped before it ran (a newer iteration, close(),
         # load_state_dict()) says so, and starts no sampler or clock.
@@ -365,8 +366,9 @@ class EpochBase:
                         # for the GIL (measured: 0.2-6 ms per batch of waiting with five
                         # batches queued).
                         self.release(len(positions))
+                        rows = np.asarray(self.indices[list(positions)], np.int64)
                         try:
-                            yield images, labels
+                            yield Yielded(images, labels, rows, loader.source)
                         except GeneratorExit:  # a `break`, or the iterator collected
                             self._abandoned = True
                             raise

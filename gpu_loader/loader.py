@@ -42,6 +42,7 @@ from gpu_loader.sources._rng import EPOCH_LIMIT
 if TYPE_CHECKING:
     import torch
 
+    from gpu_loader._batch import Batch
     from gpu_loader.batching import BatcherStats
     from gpu_loader.cuda import GpuPorts, PinnedArena, WorkerPool
     from gpu_loader.monitor import LoaderStats
@@ -434,7 +435,7 @@ class ImageLoader:
     def epoch(self) -> int:
         return int(self.sampler.epoch)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         running = self._iterator() if self._iterator is not None else None
         if getattr(running, "gi_running", False):  # inside next() in another thread
             raise RuntimeError(

@@ -140,6 +140,30 @@ def test_a_state_saved_after_the_epoch_ended_may_be_shared_between_ranks(
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_each_batch_names_its_samples_row_for_row(
+    bad_list: tuple[FileList, set[str]], batching: str
+) -> None:
+    # Labels 0..29 are the good files' own; the bad ones (1000+) never arrive. A batch's
+    # indices point into the source row for row, shuffled, with failures left out and
+    # (straggler mode) rows in the order of the tensor the batch was built on.
+    source, bad_keys = bad_list
+    loader = make(source, batching=batching, max_failures=None, shuffle=True)
+    seen: list[int] = []
+    for batch in loader:
+        images, labels = batch  # still a pair
+        assert batch.images is images and batch.labels is labels
+        assert batch.indices.dtype == torch.int64 and len(batch.indices) == len(labels)
+        assert labels.tolist() == [source.label(i) for i in batch.indices.tolist()]
+        assert batch.keys() == [source.key(i) for i in batch.indices.tolist()]
+        assert not set(batch.keys()) & bad_keys
+        seen += batch.indices.tolist()
+    assert sorted(source.label(i) for i in seen) == list(range(30))
+    sent = pickle.loads(pickle.dumps(batch))  # a plain pair elsewhere
+    assert type(sent) is tuple and torch.equal(sent[0], images) and torch.equal(sent[1], labels)
+    assert "samples)" in repr(batch)
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_bad_files_are_reported_and_the_rest_delivered_once(
     bad_list: tuple[FileList, set[str]], batching: str
 ) -> None:

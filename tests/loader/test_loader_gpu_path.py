@@ -38,7 +38,13 @@ def make(source: Any, ports: Any = None, **kw: Any) -> gl.ImageLoader:
 
 
 def labels_of(loader: gl.ImageLoader) -> list[int]:
-    return [int(v) for _, y in loader for v in y]
+    labels = []
+    for batch in loader:
+        # Each batch names its samples row for row (the GPU path too).
+        got = batch.labels.tolist()
+        assert got == [loader.source.label(i) for i in batch.indices.tolist()]
+        labels += got
+    return labels
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
