@@ -1,13 +1,15 @@
 """`Batch`: what the loader yields, an ``(images, labels)`` pair that also knows its samples.
 
-A tuple, so ``for images, labels in loader`` keeps working; ``batch.indices`` and
+A named tuple, so ``for images, labels in loader`` keeps working and the helpers that
+rebuild a batch field by field (``torch.utils.data``'s ``pin_memory``, ``torch.utils._pytree``
+``tree_map``, Lightning's ``apply_to_collection``) treat it as one; ``batch.indices`` and
 ``batch.keys()`` say which samples fill the rows (per-file evaluation output, debugging a
 bad batch), which a plain pair could not without a source rebuilt around the index.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -16,45 +18,57 @@ if TYPE_CHECKING:
     from gpu_loader.sources import SampleIndex
 
 
-class Batch(tuple["torch.Tensor", "torch.Tensor"]):
+class _Pair(NamedTuple):
+    images: torch.Tensor
+    """``[N, 3, H, W]`` on the loader's device."""
+    labels: torch.Tensor
+    """``[N]`` int64 on the loader's device."""
+
+
+class Batch(_Pair):
     """``(images, labels)``, with the samples' source indices in row order.
 
-    ``images`` is ``[N, 3, H, W]`` and ``labels`` ``[N]`` int64, both on the loader's
-    device; ``indices`` is an ``[N]`` int64 CPU tensor of positions in the loader's
-    source (``loader.dataset``), row for row.
+    ``indices`` is an ``[N]`` int64 CPU tensor of positions in the loader's source
+    (``loader.dataset``), row for row. A batch rebuilt from its fields (by ``pin_memory``,
+    ``tree_map``, ``Batch(images, labels)``) has ``indices`` None.
     """
 
-    images: torch.Tensor
-    labels: torch.Tensor
-    indices: torch.Tensor
-    _source: SampleIndex
+    indices: torch.Tensor | None = None
+    _origin: SampleIndex | None = None
 
     def __new__(
         cls,
         images: torch.Tensor,
         labels: torch.Tensor,
-        indices: np.ndarray[Any, Any],
-        source: SampleIndex,
+        indices: np.ndarray[Any, Any] | None = None,
+        source: SampleIndex | None = None,
     ) -> Batch:
-        import torch
+        batch = super().__new__(cls, images, labels)
+        if indices is not None:
+            import torch
 
-        batch = super().__new__(cls, (images, labels))
-        batch.images, batch.labels = images, labels
-        batch.indices = torch.from_numpy(indices)
-        batch._source = source
+            batch.indices = torch.from_numpy(indices)
+            batch._origin = source
         return batch
 
     def keys(self) -> list[str]:
         """Each row's sample key (its path, URL or ``shard:member``)."""
-        key = self._source.key
+        if self.indices is None or self._origin is None:
+            raise ValueError(
+                "this batch was rebuilt from its tensors (pin_memory, tree_map, ...) and no "
+                "longer knows its samples: read .keys() on the batch the loader yielded"
+            )
+        key = self._origin.key
         return [key(i) for i in self.indices.tolist()]
 
     def __reduce__(self) -> Any:
-        # A pair when pickled or sent to another process: the source stays here.
+        # A plain pair when pickled or copied: readable without gpu_loader, and the
+        # source (which may hold a whole file list) stays here.
         return (tuple, ((self.images, self.labels),))
 
     def __repr__(self) -> str:
+        rows = "?" if self.indices is None else len(self.indices)
         return (
             f"Batch(images={tuple(self.images.shape)} {self.images.dtype} on "
-            f"{self.images.device}, {len(self.indices)} samples)"
+            f"{self.images.device}, {rows} samples)"
         )

@@ -322,7 +322,8 @@ class ImageLoader:
         # depend on whether the garbage collector has freed that epoch yet.
         self._closed_progress: dict[str, Any] | None = None
         self._failed: list[FailedSample] = []
-        # Each error text once: a file that fails every epoch fails with the same message.
+        # Each key and error text once: a file that fails every epoch fails with the same
+        # message (the records of every epoch are kept).
         self._failure_texts: dict[str, str] = {}
         self._last_engine_stats: Any = None
         self._last_batcher_stats: BatcherStats | None = None
@@ -787,8 +788,11 @@ class ImageLoader:
     ) -> None:
         if epoch.pass_number == self._passes:
             self._closed_progress = epoch.received.state()
-        texts = self._failure_texts
-        records = [replace(f, error=texts.setdefault(f.error, f.error)) for f in records]
+        texts = self._failure_texts  # keys too: ImageFolder builds each key on each call
+        records = [
+            replace(f, key=texts.setdefault(f.key, f.key), error=texts.setdefault(f.error, f.error))
+            for f in records
+        ]
         with self._lock:
             self._failed.extend(records)
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import posixpath
@@ -78,21 +77,32 @@ class ImageFolder(FileIndex):
             prefix,
         )
 
-    @functools.cached_property
-    def samples(self) -> list[tuple[str, int]]:
-        """``(key, label)`` per sample, as torchvision's ``ImageFolder.samples`` (made once)."""
-        return [(self.key(i), label) for i, label in enumerate(self.targets)]
+    @property
+    def samples(self) -> tuple[tuple[str, int], ...]:
+        """``(key, label)`` per sample, as torchvision's ``ImageFolder.samples`` (a tuple,
+        made on each access: keep it if you index it in a loop)."""
+        return tuple((self.key(i), label) for i, label in enumerate(self.targets))
 
     @property
-    def imgs(self) -> list[tuple[str, int]]:
+    def imgs(self) -> tuple[tuple[str, int], ...]:
         """torchvision's older name for `samples`."""
         return self.samples
 
-    @functools.cached_property
-    def targets(self) -> list[int]:
-        """The labels as a list, under torchvision's name for them (made once: code written
-        for torchvision reads ``targets[i]`` in loops)."""
-        return self.labels.tolist()
+    @property
+    def targets(self) -> tuple[int, ...]:
+        """The labels under torchvision's name for them: a tuple made once (code written for
+        torchvision reads ``targets[i]`` in loops), read-only so it cannot drift from the
+        labels the loader uses."""
+        if self._targets is None:
+            self._targets = tuple(self.labels.tolist())
+        return self._targets
+
+    _targets: tuple[int, ...] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state.pop("_targets", None)  # made again on first use
+        return state
 
 
 # (path relative to root, label, size or -1)

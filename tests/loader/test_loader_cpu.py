@@ -20,6 +20,7 @@ import gpu_loader as gl
 from gpu_loader.ops import EvalTransform, TrainTransform
 from gpu_loader.pipeline import PipelineFailure
 from gpu_loader.sources import FileList
+from tests.loader.conftest import image_files
 
 SIZE = 32
 
@@ -161,6 +162,15 @@ def test_each_batch_names_its_samples_row_for_row(
     sent = pickle.loads(pickle.dumps(batch))  # a plain pair elsewhere
     assert type(sent) is tuple and torch.equal(sent[0], images) and torch.equal(sent[1], labels)
     assert "samples)" in repr(batch)
+    # Helpers that rebuild a batch field by field (pin_memory, tree_map, Lightning) see a
+    # named tuple; the rebuilt one no longer names its samples, and says so.
+    from torch.utils._pytree import tree_map
+
+    moved = tree_map(lambda t: t + 0, batch)
+    assert type(moved) is type(batch) and torch.equal(moved.images, images)
+    assert moved.indices is None
+    with pytest.raises(ValueError, match="rebuilt"):
+        moved.keys()
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
@@ -187,6 +197,25 @@ def test_bad_files_are_reported_and_the_rest_delivered_once(
     again = {f.key: f for f in loader.failed_samples(1)}
     assert all(again[k].error is by_key[k].error for k in bad_keys)
     assert pickle.loads(pickle.dumps(failed)) == failed  # as all_gather_object sends them
+
+
+def test_failure_records_of_every_epoch_share_their_key_and_error_text(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # ImageFolder builds each key on each call: records kept for every epoch of a file
+    # that always fails hold one key and one error text between them.
+    for name in ("a", "b"):
+        (tmp_path / "cls" / name).mkdir(parents=True)
+        (tmp_path / "cls" / name / "bad.jpg").write_bytes(b"not an image")
+        (tmp_path / "cls" / name / "good.jpg").write_bytes(image_files(photo_dir)[0].read_bytes())
+    loader = make(gl.sources.ImageFolder(tmp_path / "cls"), max_failures=None)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert len(labels_of(run_epoch(loader))) == 2
+    for key in {f.key for f in loader.failed_samples()}:
+        same = [f for f in loader.failed_samples() if f.key == key]
+        assert len(same) == 3 and len({id(f.key) for f in same}) == 1
+        assert len({id(f.error) for f in same}) == 1
     with pytest.raises(TypeError, match="epoch"):
         loader.failed_samples("0")  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import socket
 from collections.abc import Iterator
@@ -41,10 +42,13 @@ def test_labels_follow_torchvision_rule(tree: Path) -> None:
     assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
     assert index.labels.dtype == np.int64
     assert [index.label(i) for i in range(len(index))] == index.labels.tolist()
-    assert index.targets == index.labels.tolist()  # torchvision's name
+    assert list(index.targets) == index.labels.tolist()  # torchvision's name
     assert index.targets is index.targets  # made once, not per access (loops index it)
-    assert index.samples == [(index.key(i), index.label(i)) for i in range(len(index))]
-    assert index.imgs is index.samples  # torchvision's older name
+    with pytest.raises(TypeError):
+        index.targets[0] = 99  # type: ignore[index]  # read-only: cannot drift from labels
+    samples = [(index.key(i), index.label(i)) for i in range(len(index))]
+    assert list(index.samples) == list(index.imgs) == samples  # imgs: the older name
+    assert "_targets" not in pickle.loads(pickle.dumps(index)).__dict__
 
 
 def test_labels_array_is_read_only(tree: Path) -> None:
