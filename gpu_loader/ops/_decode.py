@@ -31,7 +31,6 @@ from gpu_loader.ops._formats import (
     jpeg_orientation,
     orientation_swaps_axes,
     png_damage,
-    pnm_damage,
     sniff,
     webp_damage,
 )
@@ -306,15 +305,15 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         raise _fail(key, f"truncated BMP: {reason}")
     if fmt == "webp" and (reason := webp_damage(buf)) is not None:
         raise _fail(key, f"truncated WebP: {reason}")
-    if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:
-        raise _fail(key, f"truncated netpbm image: {reason}")
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     pixels = size[0] * size[1]
-    if fmt in ("tiff", "gif"):
+    if fmt in ("tiff", "gif", "pnm"):
         # Pillow: OpenCV premultiplies RGBA TIFFs by their alpha and warns on stderr about
         # tags it does not know; its GIF codec (OpenCV 4.11+, absent from older builds)
-        # prints an error line for a cut GIF, which Pillow reports as truncated.
+        # prints an error line for a cut GIF, which Pillow reports as truncated; it reads
+        # netpbm samples without scaling them by their maxval (a maxval-15 PGM came out
+        # 0-15, not 0-255) and prints an error line for a cut file.
         return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
     if fmt == "png":
         damage, complete = png_damage(buf)

@@ -55,37 +55,29 @@ def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None
         if fmt == "tiff":
             return _tiff_size(data)
         if fmt == "pnm":
-            return _pnm_size(bytes(data[:1024]))
+            return _pnm_size(bytes(data[:4096]))
     except struct.error:
         return None
     return None
 
 
 def _pnm_size(head: bytes) -> tuple[int, int] | None:
-    """(height, width) of a netpbm header; None if unreadable. Read here so `max_pixels`
-    speaks before Pillow's own limit (a 20000 x 10000 PPM was refused under Pillow's
-    179 Mpx whatever `max_pixels` said)."""
-    parsed = _pnm_tokens(head, 2)
-    if parsed is None:
-        return None
-    (width, height), _ = parsed
-    return height, width
-
-
-def _pnm_tokens(head: bytes, count: int) -> tuple[list[int], int] | None:
-    """The first ``count`` decimal tokens after the magic (``#`` comments run to the end
-    of a line) and the offset just past the last one; None if the header is cut or odd."""
+    """(height, width) of a netpbm header: the magic, then width and height as decimal
+    tokens, with ``#`` comments running to the end of a line (LF or CR); None if they are
+    not in ``head`` (the decoder then decides). Read here so `max_pixels` speaks before
+    Pillow's own limit (a 20000 x 10000 PPM was refused under Pillow's 179 Mpx whatever
+    `max_pixels` said)."""
     tokens: list[int] = []
     i = 2
-    while len(tokens) < count:
+    while len(tokens) < 2:
         if i >= len(head):
             return None
         c = head[i : i + 1]
         if c == b"#":
-            end = head.find(b"\n", i)
-            if end < 0:
+            ends = [e for e in (head.find(b"\n", i), head.find(b"\r", i)) if e >= 0]
+            if not ends:
                 return None
-            i = end + 1
+            i = min(ends) + 1
         elif c.isspace():
             i += 1
         elif c.isdigit():
@@ -96,29 +88,8 @@ def _pnm_tokens(head: bytes, count: int) -> tuple[list[int], int] | None:
             i = j
         else:
             return None
-    return tokens, i
-
-
-def pnm_damage(data: bytes | memoryview) -> str | None:
-    """Why a binary netpbm file (P4-P6) is shorter than its header says, or None. OpenCV
-    prints an error line on stderr for such a file before failing; this says it first."""
-    kind = bytes(data[1:2])
-    if kind not in (b"4", b"5", b"6"):
-        return None  # plain (text) netpbm: no fixed size to check
-    parsed = _pnm_tokens(bytes(data[:1024]), 2 if kind == b"4" else 3)
-    if parsed is None:
-        return "its header is cut short or unreadable"
-    tokens, end = parsed
-    width, height = tokens[0], tokens[1]
-    if kind == b"4":
-        needed = -(-width // 8) * height
-    else:
-        sample = 1 if tokens[2] < 256 else 2
-        needed = width * height * sample * (3 if kind == b"6" else 1)
-    have = len(data) - (end + 1)  # one whitespace byte ends the header
-    if have < needed:
-        return f"it holds {max(have, 0):,} bytes of pixels, its header needs {needed:,}"
-    return None
+    width, height = tokens
+    return height, width
 
 
 def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
