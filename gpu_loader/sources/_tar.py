@@ -34,10 +34,12 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("gpu_loader.sources")
 
-# Every format the decoders take (`ops.sniff`), under WebDataset's extension names.
-IMAGE_EXTENSIONS = frozenset(
-    {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "pnm"}
-)
+# The sample's image, by extension: one of these per key (two is an error) ...
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
+# ... else one of these, the other formats the decoders take (`ops.sniff`), so a key with a
+# ``.jpg`` and a ``.tif`` companion (a scan, a mask) stays the ``.jpg`` sample it was.
+OTHER_IMAGE_EXTENSIONS = frozenset({"gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "pnm"})
+ALL_IMAGE_EXTENSIONS = IMAGE_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
 LABEL_EXTENSION = "cls"
 
 # WebDataset's rule: the key is everything up to the first dot of the file name.
@@ -304,8 +306,9 @@ def _size_of(f: IO[bytes]) -> int:
 
 def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
     images: dict[str, tuple[str, int, int]] = {}  # key -> (member, offset, size), archive order
+    others: dict[str, tuple[str, int, int]] = {}  # the first other-format image per key
     labels: dict[str, int] = {}
-    lost: list[str] = []  # image members no sample takes
+    odd: list[tuple[str | None, str]] = []  # (key or None, member): image-like, not an image
     for member in tar:
         check_member_name(member.name, shard)
         if member.isdir():
@@ -323,19 +326,20 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
             )
         parts = _KEY_EXT.match(member.name)
         if parts is None:
-            if _image_like(member.name):
-                lost.append(member.name)  # a dot-file such as ".x.jpg": no key
-            continue  # no extension: not part of any sample
+            if _image_like(member.name) and not posixpath.basename(member.name).startswith("._"):
+                odd.append((None, member.name))  # a dot-file such as ".x.jpg": no key
+            continue  # (macOS "._x.jpg" resource forks are not images: no word of them)
         key, ext = parts.group(1), parts.group(2).lower()
-        if ext not in IMAGE_EXTENSIONS and ext != LABEL_EXTENSION and _image_like(ext):
-            lost.append(member.name)  # "k.v2.jpg": key "k", extension "v2.jpg"
+        where = (member.name, member.offset_data, member.size)
         if ext in IMAGE_EXTENSIONS:
             if key in images:
                 raise ValueError(
                     f"tar shard {shard!r} has two images for the key {key!r} "
                     f"({images[key][0]!r} and {member.name!r}); keep one image per key"
                 )
-            images[key] = (member.name, member.offset_data, member.size)
+            images[key] = where
+        elif ext in OTHER_IMAGE_EXTENSIONS:
+            others.setdefault(key, where)
         elif ext == LABEL_EXTENSION:
             if key in labels:
                 raise ValueError(
@@ -343,13 +347,22 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                     f"{member.name!r}); keep one label per key"
                 )
             labels[key] = _read_label(tar, member, shard)
-    _warn_lost(shard, lost, [k for k in labels if k not in images], len(images))
+        elif _image_like(ext):
+            odd.append((key, member.name))  # "k.v2.jpg": key "k", extension "v2.jpg"
+    if others.keys() - images.keys():  # keys with only another format's image: in
+        images = {  # archive order, by where each key's image member is
+            k: v for k, v in sorted({**others, **images}.items(), key=lambda item: int(item[1][1]))
+        }
+    # Lost: an image-like member whose key has no image (a companion such as
+    # "k.seg.png" beside "k.jpg" is not), and a label whose key has none.
+    lost = [name for key, name in odd if key is None or key not in images]
+    _warn_lost(shard, lost, [f"{k}.cls" for k in labels if k not in images], len(images))
     return [(m, off, size, labels.get(key, -1)) for key, (m, off, size) in images.items()]
 
 
 def _image_like(name: str) -> bool:
     """An image extension ends ``name`` (its last dot-part)."""
-    return name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS if "." in name else False
+    return name.rsplit(".", 1)[-1].lower() in ALL_IMAGE_EXTENSIONS if "." in name else False
 
 
 def _warn_lost(shard: str, lost: list[str], unmatched: list[str], samples: int) -> None:
@@ -366,8 +379,8 @@ def _warn_lost(shard: str, lost: list[str], unmatched: list[str], samples: int) 
         )
     if unmatched:
         parts.append(
-            f"{len(unmatched)} label(s) without an image ({_examples(unmatched)}.cls); "
-            f"image extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}"
+            f"{len(unmatched)} label(s) without an image ({_examples(unmatched)}); "
+            f"image extensions: {', '.join(sorted(ALL_IMAGE_EXTENSIONS))}"
         )
     _log.warning("tar shard %r: %s; indexed %d sample(s) from it", shard, "; ".join(parts), samples)
 

@@ -157,17 +157,22 @@ def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
         add_member(tar, "img.cls", b"2")
         add_member(tar, ".hidden.jpg", image_bytes(8))  # no key at all
         add_member(tar, "meta.json", b"{}")  # a companion file: not an image, no warning
+        # Companions of an indexed sample: another format beside its .jpg, a mask.
+        add_member(tar, "good.tif", image_bytes(9, "TIFF"))
+        add_member(tar, "good.seg.png", image_bytes(10, "PNG"))
+        add_member(tar, "._good.jpg", b"macOS resource fork")  # not an image: no word
     path = tmp_path / "odd.tar"
     path.write_bytes(out.getvalue())
     with caplog.at_level("WARNING", logger="gpu_loader.sources"):
         index = TarShards([str(path)])
-    members = sorted(index.key(i).split(":")[-1] for i in range(len(index)))
-    assert members == ["good.jpg", "pic.gif", "scan.tif"]  # every format the decoders take
+    members = [index.key(i).split(":")[-1] for i in range(len(index))]
+    assert members == ["good.jpg", "pic.gif", "scan.tif"]  # every format, in archive order
     assert index.labels.tolist() == [1, 1, 1]
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "2 image member(s) no sample takes ('img.v2.jpg', '.hidden.jpg')" in warning
-    assert "1 label(s) without an image ('img'.cls)" in warning and "odd.tar" in warning
+    assert "1 label(s) without an image ('img.cls')" in warning and "odd.tar" in warning
     assert "meta.json" not in warning and "indexed 3 sample(s)" in warning
+    assert "good" not in warning
     caplog.clear()
     with caplog.at_level("WARNING", logger="gpu_loader.sources"):
         TarShards([str(p) for p in _plain_shards(tmp_path)])
