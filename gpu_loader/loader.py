@@ -608,8 +608,15 @@ class ImageLoader:
         """Every sample not delivered so far (of ``epoch`` only, if given), with its key,
         stage and error. An epoch run again from its start replaces the records of its
         earlier (cut-short) pass."""
-        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
-            raise TypeError(f"failed_samples(epoch=...) takes an int or None, got {epoch!r}")
+        if epoch is not None:
+            try:  # an int, or a numpy integer
+                if isinstance(epoch, bool):
+                    raise TypeError
+                epoch = operator.index(epoch)
+            except TypeError:
+                raise TypeError(
+                    f"failed_samples(epoch=...) takes an int or None, got {epoch!r}"
+                ) from None
         active = self._epoch()
         with self._lock:  # an epoch's records move into `_failed` under this lock
             done = list(self._failed)

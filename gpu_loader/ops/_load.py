@@ -49,7 +49,8 @@ def load_into(
 
     Parameters are drawn on the ORIGINAL (EXIF-oriented) size, so they do not depend on the
     decode path. A JPEG is decoded with the largest DCT downscale (1/8, 1/4, 1/2) that keeps
-    the crop box at least as large as the output. Returns the original (height, width).
+    the crop box at least as large as the output, unless the transform's
+    ``reduced_decode`` is False. Returns the original (height, width).
     Raises DecodeError (naming ``key``) for undecodable input.
     """
     buf = _as_bytes(data)

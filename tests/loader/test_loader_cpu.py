@@ -192,6 +192,7 @@ def test_bad_files_are_reported_and_the_rest_delivered_once(
     for key in bad_keys - {missing}:
         assert by_key[key].stage == "decode"
     assert {f.key: f for f in loader.failed_samples(epoch=0)} == by_key
+    assert loader.failed_samples(np.int64(1)) == loader.failed_samples(1)
     assert loader.stats().failures == len(failed) == 10
     # A file failing every epoch keeps one error text (records are kept for every epoch).
     again = {f.key: f for f in loader.failed_samples(1)}
