@@ -443,6 +443,7 @@ class ImageLoader:
                 "this ImageLoader's epoch is being iterated in another thread; a loader "
                 "runs one epoch at a time: give each thread its own loader"
             )
+        self.sampler.check_distributed()
         if self.sampler.epoch != self._known_epoch:
             # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
             self.set_epoch(self.sampler.epoch)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_loader.sources._distributed import resolve_distributed
+from gpu_loader.sources._distributed import _from_torch_distributed, resolve_distributed
 
 STATE_VERSION = 1
 # Keeps the permutation streams apart from every other use of the same seed.
@@ -77,6 +77,7 @@ class Sampler:
         self.drop_last = bool(drop_last)
         self.fingerprint = fingerprint
         self._rank, self._world_size = resolve_distributed(rank, world_size)
+        self._detected = rank is None and world_size is None
         self._epoch = 0
         self._position = 0
         self._cache: tuple[int, np.ndarray] | None = None
@@ -85,6 +86,24 @@ class Sampler:
         return (
             f"Sampler(num_samples={self.num_samples}, rank={self._rank}, "
             f"world_size={self._world_size}, epoch={self._epoch}, position={self._position})"
+        )
+
+    def check_distributed(self) -> None:
+        """Refuse to go on when the shard was detected before ``torch.distributed`` was
+        initialised and the process group now says otherwise: every rank would read the
+        whole dataset as rank 0 of 1 (twice the work, the same samples on every rank),
+        with nothing failing. Explicit ``rank``/``world_size`` are left alone."""
+        if not self._detected:
+            return
+        now = _from_torch_distributed()
+        if now is None or now == (self._rank, self._world_size):
+            return
+        raise RuntimeError(
+            f"this loader took its shard as rank {self._rank} of {self._world_size} when it "
+            f"was built, but torch.distributed now says rank {now[0]} of {now[1]}: it was "
+            "built before init_process_group (and without torchrun's RANK/WORLD_SIZE), so "
+            "every rank would read the whole dataset. Build the loader after "
+            "init_process_group, or pass rank= and world_size="
         )
 
     @property

@@ -520,6 +520,25 @@ def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:
         make(unique_list, seed=3).load_state_dict(state)
 
 
+def test_a_loader_built_before_init_process_group_refuses_to_iterate(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loader = make(unique_list)
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = lambda: True  # type: ignore[attr-defined]
+    dist.is_initialized = lambda: True  # type: ignore[attr-defined]
+    dist.get_rank = lambda: 0  # type: ignore[attr-defined]
+    dist.get_world_size = lambda: 2  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    with pytest.raises(RuntimeError, match="built before init_process_group"):
+        iter(loader)
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharding_through_the_loader(unique_list: FileList, world_size: int) -> None:
     shards = [

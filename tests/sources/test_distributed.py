@@ -67,6 +67,20 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_distributed()
 
 
+def test_a_process_group_started_after_the_sampler_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Built before init_process_group (no torchrun variables): rank 0 of 1, which every
+    # rank would be, each reading the whole dataset. Iterating then must say so.
+    detected, explicit = Sampler(10), Sampler(10, rank=0, world_size=1)
+    detected.check_distributed()  # no process group yet: nothing to compare
+    monkeypatch.setitem(sys.modules, "torch.distributed", _fake_dist(1, 2))
+    with pytest.raises(RuntimeError, match=r"rank 0 of 1 .* now says rank 1 of 2"):
+        detected.check_distributed()
+    explicit.check_distributed()  # the caller chose: left alone
+    Sampler(10).check_distributed()  # built after: agrees
+
+
 @pytest.mark.parametrize(
     ("rank", "world_size", "error", "match"),
     [
