@@ -31,6 +31,7 @@ from gpu_loader.ops._formats import (
     jpeg_orientation,
     orientation_swaps_axes,
     png_damage,
+    pnm_damage,
     sniff,
     webp_damage,
 )
@@ -305,6 +306,8 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         raise _fail(key, f"truncated BMP: {reason}")
     if fmt == "webp" and (reason := webp_damage(buf)) is not None:
         raise _fail(key, f"truncated WebP: {reason}")
+    if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:
+        raise _fail(key, f"truncated netpbm image: {reason}")
     if size is None:
         return _decode_pillow(buf, key, max_pixels=max_pixels)
     pixels = size[0] * size[1]

@@ -62,14 +62,24 @@ def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None
 
 
 def _pnm_size(head: bytes) -> tuple[int, int] | None:
-    """(height, width) of a netpbm header: the magic, then width and height as decimal
-    tokens, with ``#`` comments running to the end of a line (LF or CR); None if they are
-    not in ``head`` (the decoder then decides). Read here so `max_pixels` speaks before
-    Pillow's own limit (a 20000 x 10000 PPM was refused under Pillow's 179 Mpx whatever
-    `max_pixels` said)."""
+    """(height, width) of a netpbm header; None if not readable from ``head`` (the decoder
+    then decides). Read here so `max_pixels` speaks before Pillow's own limit (a 20000 x
+    10000 PPM was refused under Pillow's 179 Mpx whatever `max_pixels` said)."""
+    parsed = _pnm_tokens(head, 2)
+    if parsed is None:
+        return None
+    (width, height), _ = parsed
+    return height, width
+
+
+def _pnm_tokens(head: bytes, count: int) -> tuple[list[int], int] | None:
+    """The first ``count`` decimal tokens after the magic and the offset just past the
+    last; ``#`` comments run to the end of a line (LF or CR). None when ``head`` ends
+    first, or for anything odd (a comment touching a number: Pillow reads it as splitting
+    the number), so that the decoder decides."""
     tokens: list[int] = []
     i = 2
-    while len(tokens) < 2:
+    while len(tokens) < count:
         if i >= len(head):
             return None
         c = head[i : i + 1]
@@ -84,12 +94,37 @@ def _pnm_size(head: bytes) -> tuple[int, int] | None:
             j = i
             while j < len(head) and head[j : j + 1].isdigit():
                 j += 1
+            if head[j : j + 1] == b"#":
+                return None
             tokens.append(int(head[i:j]))
             i = j
         else:
             return None
-    width, height = tokens
-    return height, width
+    return tokens, i
+
+
+def pnm_damage(data: bytes | memoryview) -> str | None:
+    """Why a binary netpbm file (P4-P6) holds fewer pixel bytes than its header needs, or
+    None (also for plain P1-P3 files and headers not read here: the decoder decides).
+    Pillow refuses such a file by itself, unless a training script set
+    ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES``: then it decodes it padded with black."""
+    kind = bytes(data[1:2])
+    if kind not in (b"4", b"5", b"6"):
+        return None
+    parsed = _pnm_tokens(bytes(data[:4096]), 2 if kind == b"4" else 3)
+    if parsed is None:
+        return None
+    tokens, end = parsed
+    width, height = tokens[0], tokens[1]
+    if kind == b"4":
+        needed = -(-width // 8) * height
+    else:
+        depth = 1 if tokens[2] < 256 else 2
+        needed = width * height * depth * (3 if kind == b"6" else 1)
+    have = len(data) - (end + 1)  # one whitespace byte ends the header
+    if have < needed:
+        return f"it holds {max(have, 0):,} bytes of pixels, its header needs {needed:,}"
+    return None
 
 
 def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:

@@ -97,6 +97,14 @@ class ImageFolder(FileIndex):
             self._targets = tuple(self.labels.tolist())
         return self._targets
 
+    @targets.setter
+    def targets(self, value: object) -> None:
+        raise AttributeError(
+            "ImageFolder.targets is read-only: the loader reads each sample's label from "
+            "the index, so a list assigned here would not reach it. To remap labels, build "
+            "gpu_loader.sources.FileList([(path, new_label), ...]) (paths: index.key(i))"
+        )
+
     _targets: tuple[int, ...] | None = None
 
     def __getstate__(self) -> dict[str, object]:

@@ -100,9 +100,10 @@ class Sampler:
             return
         raise RuntimeError(
             f"this loader took its shard as rank {self._rank} of {self._world_size} when it "
-            f"was built, but torch.distributed now says rank {now[0]} of {now[1]}: it was "
-            "built before init_process_group (and without torchrun's RANK/WORLD_SIZE), so "
-            "every rank would read the whole dataset. Build the loader after "
+            "was built (before init_process_group: from RANK/WORLD_SIZE, or rank 0 of 1 "
+            f"without them), but torch.distributed now says rank {now[0]} of {now[1]}: the "
+            "ranks would not split the data as the process group does (with no variables, "
+            "every rank reads the whole dataset). Build the loader after "
             "init_process_group, or pass rank= and world_size="
         )
 

@@ -43,7 +43,7 @@ ALL_IMAGE_EXTENSIONS = IMAGE_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
 LABEL_EXTENSION = "cls"
 
 # WebDataset's rule: the key is everything up to the first dot of the file name.
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./][^./]*)\.([^/]*)$")
 
 # (image member name, data offset, data size, label or -1)
 _Entry = tuple[str, int, int, int]
@@ -324,11 +324,13 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                 f"tar shard {shard!r} is truncated or corrupt: member {member.name!r} needs "
                 f"{member.offset_data + member.size} bytes, the shard has {shard_size}"
             )
+        if posixpath.basename(member.name).startswith("._"):
+            continue  # a macOS resource fork ("._x.jpg"): not an image, no word of it
         parts = _KEY_EXT.match(member.name)
         if parts is None:
-            if _image_like(member.name) and not posixpath.basename(member.name).startswith("._"):
+            if _image_like(member.name):
                 odd.append((None, member.name))  # a dot-file such as ".x.jpg": no key
-            continue  # (macOS "._x.jpg" resource forks are not images: no word of them)
+            continue
         key, ext = parts.group(1), parts.group(2).lower()
         where = (member.name, member.offset_data, member.size)
         if ext in IMAGE_EXTENSIONS:
@@ -339,7 +341,12 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                 )
             images[key] = where
         elif ext in OTHER_IMAGE_EXTENSIONS:
-            others.setdefault(key, where)
+            if key in others:  # as for the main formats (which win over these when present)
+                raise ValueError(
+                    f"tar shard {shard!r} has two images for the key {key!r} "
+                    f"({others[key][0]!r} and {member.name!r}); keep one image per key"
+                )
+            others[key] = where
         elif ext == LABEL_EXTENSION:
             if key in labels:
                 raise ValueError(

@@ -535,7 +535,7 @@ def test_a_loader_built_before_init_process_group_refuses_to_iterate(
     dist.get_rank = lambda: 0  # type: ignore[attr-defined]
     dist.get_world_size = lambda: 2  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
-    with pytest.raises(RuntimeError, match="built before init_process_group"):
+    with pytest.raises(RuntimeError, match="Build the loader after init_process_group"):
         iter(loader)
 
 

@@ -46,6 +46,8 @@ def test_labels_follow_torchvision_rule(tree: Path) -> None:
     assert index.targets is index.targets  # made once, not per access (loops index it)
     with pytest.raises(TypeError):
         index.targets[0] = 99  # type: ignore[index]  # read-only: cannot drift from labels
+    with pytest.raises(AttributeError, match=r"build gpu_loader\.sources\.FileList"):
+        index.targets = [0] * len(index)  # torchvision-style remapping: says what to do
     samples = [(index.key(i), index.label(i)) for i in range(len(index))]
     assert list(index.samples) == list(index.imgs) == samples  # imgs: the older name
     assert "_targets" not in pickle.loads(pickle.dumps(index)).__dict__

@@ -161,6 +161,8 @@ def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
         add_member(tar, "good.tif", image_bytes(9, "TIFF"))
         add_member(tar, "good.seg.png", image_bytes(10, "PNG"))
         add_member(tar, "._good.jpg", b"macOS resource fork")  # not an image: no word
+        add_member(tar, "sub/._deep.jpg", b"macOS resource fork")  # nor in a folder
+        add_member(tar, "sub/.jpg", image_bytes(11))  # no key: lost, not a sample "sub/"
     path = tmp_path / "odd.tar"
     path.write_bytes(out.getvalue())
     with caplog.at_level("WARNING", logger="gpu_loader.sources"):
@@ -169,7 +171,7 @@ def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
     assert members == ["good.jpg", "pic.gif", "scan.tif"]  # every format, in archive order
     assert index.labels.tolist() == [1, 1, 1]
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert "2 image member(s) no sample takes ('img.v2.jpg', '.hidden.jpg')" in warning
+    assert "3 image member(s) no sample takes ('img.v2.jpg', '.hidden.jpg', 'sub/.jpg')" in warning
     assert "1 label(s) without an image ('img.cls')" in warning and "odd.tar" in warning
     assert "meta.json" not in warning and "indexed 3 sample(s)" in warning
     assert "good" not in warning
@@ -177,6 +179,17 @@ def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
     with caplog.at_level("WARNING", logger="gpu_loader.sources"):
         TarShards([str(p) for p in _plain_shards(tmp_path)])
     assert not caplog.records  # ordinary shards: nothing to say
+
+
+def test_two_images_of_the_other_formats_for_one_key_are_refused(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        add_member(tar, "a.gif", image_bytes(1, "GIF"))
+        add_member(tar, "a.bmp", image_bytes(2, "BMP"))
+    path = tmp_path / "two.tar"
+    path.write_bytes(out.getvalue())
+    with pytest.raises(ValueError, match="two images for the key 'a'"):
+        TarShards([str(path)])
 
 
 def _plain_shards(tmp_path: Path) -> list[Path]:
