@@ -1,4 +1,4 @@
-"""The `gpu-loader` command: demo, make-dataset, bench, inspect.
+"""The `gpu-loader` command: demo, make-dataset, bench, inspect, verify.
 
 Errors a user can cause (missing path, empty folder, bad option) print one line naming
 the option and exit with status 2; a run that fails on its data (too many bad files)
@@ -178,6 +178,25 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--samples", type=int, default=256, help="images to time (default: 256)")
     inspect.add_argument("--size", type=int, default=224, help="output side (default: 224)")
     inspect.set_defaults(func=cmd_inspect)
+
+    verify = sub.add_parser(
+        "verify",
+        help="read and fully decode every image; list the bad ones; write a clean list",
+        description="Read and decode every image of the data at full size with the CPU "
+        "decoders, print each file that fails with its key and error, and optionally "
+        "write the good ones as a CSV list the loader takes. Exit status 1 when a file "
+        "is bad. Worth running before training on the GPU path, which may deliver a "
+        "JPEG with damaged compressed data instead of reporting it.",
+    )
+    verify.add_argument("--data", required=True, help=_DATA_HELP)
+    verify.add_argument("--threads", type=int, help="threads per stage (default: CPU count)")
+    verify.add_argument(
+        "--good-list", type=Path, metavar="CSV", help="write the good samples here (path,label)"
+    )
+    verify.add_argument(
+        "--json", type=Path, metavar="PATH", help="write the bad files here as JSON"
+    )
+    verify.set_defaults(func=cmd_verify)
     return parser
 
 
@@ -337,6 +356,54 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     index = _open_data(args.data)
     print(inspect_folder(index, samples=args.samples, size=args.size))
     return 0
+
+
+def _absolute(key: str) -> str:
+    from gpu_loader.sources._io import is_url
+
+    return key if is_url(key) else os.path.abspath(key)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import csv
+    import dataclasses
+    import json
+
+    from gpu_loader.inspect import verify
+
+    if args.threads is not None:
+        _positive("threads", args.threads)
+    for path in (args.good_list, args.json):  # before the run, not after it
+        if path is not None and (not path.parent.is_dir() or path.is_dir()):
+            raise CliError(f"{path}: not a file path in an existing folder")
+    index = _open_data(args.data)
+    if args.good_list is not None and isinstance(index, gpu_loader.sources.TarShards):
+        raise CliError(
+            "--good-list needs a folder or a CSV list: a tar shard's samples have no path "
+            "of their own (rebuild the shards from the good keys instead)"
+        )
+    total, began = len(index), time.perf_counter()
+
+    def report(done: int, bad: int) -> None:
+        print(f"\r{done + bad:,} of {total:,} checked, {bad:,} bad", end="", file=sys.stderr)
+
+    good, bad = verify(index, threads=args.threads, report=report)
+    print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
+    took = time.perf_counter() - began
+    print(f"checked {total:,} files in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
+    for b in bad:
+        print(f"  {b.key}: {b.stage}: {b.error}")
+    if args.good_list is not None:
+        with args.good_list.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["path", "label"])
+            # Absolute: the CSV's own folder is where relative paths are taken from.
+            writer.writerows((_absolute(index.key(i)), index.label(i)) for i in good)
+        print(f"good samples written to {args.good_list} (gpu-loader demo --data takes it)")
+    if args.json is not None:
+        args.json.write_text(json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
+        print(f"bad files written to {args.json}")
+    return 1 if bad else 0
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -237,3 +237,77 @@ def cpu_backend_line() -> str:
     if chosen() == "pillow":
         return f"CPU backend: pillow (chosen by ${ENV_VAR})"
     return f"CPU backend: pillow (slower; {build_hint()})"
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A sample `verify` could not read or decode."""
+
+    index: int
+    """Its position in the source."""
+    key: str
+    """Its key (path, URL or ``shard:member``)."""
+    stage: str
+    """``read`` or ``decode``."""
+    error: str
+    """``ExceptionType: message``."""
+
+
+def verify(
+    index: SampleIndex,
+    *,
+    threads: int | None = None,
+    report: Callable[[int, int], None] | None = None,
+) -> tuple[list[int], list[BadFile]]:
+    """Read and fully decode every sample of ``index`` (the whole image at full size, with
+    the CPU decoders: stricter than a training transform, which may decode a region at
+    reduced size); returns the good indices and the bad files, both in source order.
+    ``report(done, bad)`` is called about once a second."""
+    from gpu_loader.ops import decode
+    from gpu_loader.pipeline import PipelineBuilder
+
+    workers = threads or os.cpu_count() or 1
+    blobs: dict[int, bytes] = {}
+
+    def read(i: int) -> int:
+        blobs[i] = index.read(i)
+        return i
+
+    def check(i: int) -> int:
+        decode(blobs.pop(i), key=index.key(i))
+        return i
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(len(index)))
+        .pipe(
+            read,
+            concurrency=workers,
+            name="read",
+            output_order="completion",
+            max_failures=None,
+            key_fn=str,  # the position: keys need not be unique (a list may repeat one)
+        )
+        .pipe(
+            check,
+            concurrency=workers,
+            name="decode",
+            output_order="completion",
+            max_failures=None,
+            key_fn=str,  # the position: keys need not be unique (a list may repeat one)
+        )
+        .add_sink(buffer_size=256)
+        .build()
+    )
+    good: list[int] = []
+    last = time.perf_counter()
+    with pipeline:
+        for i in pipeline:
+            good.append(i)
+            if report is not None and time.perf_counter() - last >= 1.0:
+                last = time.perf_counter()
+                report(len(good), len(pipeline.failures()))
+        records = pipeline.failures()
+    bad = [BadFile(int(r.key), index.key(int(r.key)), r.stage, r.error_text) for r in records]
+    bad.sort(key=lambda b: b.index)
+    return sorted(good), bad

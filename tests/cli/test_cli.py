@@ -43,7 +43,7 @@ def test_console_script_is_installed() -> None:
 def test_help_lists_every_command(tmp_path: Path) -> None:
     result = run("--help", cache=tmp_path)
     assert result.returncode == 0
-    for command in ("demo", "make-dataset", "bench", "inspect"):
+    for command in ("demo", "make-dataset", "bench", "inspect", "verify"):
         assert command in result.stdout
         sub = run(command, "--help", cache=tmp_path)
         assert sub.returncode == 0 and "usage: gpu-loader " + command in sub.stdout
@@ -230,3 +230,40 @@ def test_make_dataset_errors_name_its_flags(tmp_path: Path) -> None:
         result = run("make-dataset", out, *args, cache=tmp_path)
         assert result.returncode == 2 and needle in result.stderr, result.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_verify_lists_bad_files_and_writes_a_clean_list(tiny: Path, tmp_path: Path) -> None:
+    import shutil
+
+    data = shutil.copytree(tiny, tmp_path / "data")
+    first = next(p for p in sorted(data.rglob("*.jpg")))
+    whole = first.read_bytes()
+    damaged = bytearray(whole)
+    damaged[len(whole) // 2 : len(whole) // 2 + 64] = bytes(64)  # entropy data libjpeg flags
+    (first.parent / "cut.jpg").write_bytes(whole[: len(whole) // 3])
+    (first.parent / "damaged.jpg").write_bytes(bytes(damaged))
+    (first.parent / "text.jpg").write_bytes(b"not an image")
+    good_list, bad_json = tmp_path / "good.csv", tmp_path / "bad.json"
+    result = run(
+        "verify",
+        "--data",
+        str(data),
+        "--good-list",
+        str(good_list),
+        "--json",
+        str(bad_json),
+        cache=tmp_path,
+    )
+    assert result.returncode == 1, result.stderr  # bad files: a script can tell
+    assert "checked 43 files" in result.stdout and "40 good, 3 bad" in result.stdout
+    for name in ("cut.jpg", "damaged.jpg", "text.jpg"):
+        assert re.search(rf"{name}: decode: DecodeError: .*{name}", result.stdout), name
+    bad = json.loads(bad_json.read_text())
+    assert sorted(Path(b["key"]).name for b in bad) == ["cut.jpg", "damaged.jpg", "text.jpg"]
+    # The clean list is one the loader takes, and it verifies clean.
+    from gpu_loader.sources import FileList
+
+    clean = FileList.from_csv(good_list)
+    assert len(clean) == 40
+    again = run("verify", "--data", str(good_list), cache=tmp_path)
+    assert again.returncode == 0 and "40 good, 0 bad" in again.stdout
