@@ -277,28 +277,18 @@ def verify(
         decode(blobs.pop(i), key=index.key(i))
         return i
 
-    pipeline = (
-        PipelineBuilder()
-        .add_source(range(len(index)))
-        .pipe(
-            read,
+    builder = PipelineBuilder().add_source(range(len(index)))
+    for name, op in (("read", read), ("decode", check)):
+        # Failures keyed by position: keys need not be unique (a list may repeat one).
+        builder = builder.pipe(
+            op,
             concurrency=workers,
-            name="read",
+            name=name,
             output_order="completion",
             max_failures=None,
-            key_fn=str,  # the position: keys need not be unique (a list may repeat one)
+            key_fn=str,
         )
-        .pipe(
-            check,
-            concurrency=workers,
-            name="decode",
-            output_order="completion",
-            max_failures=None,
-            key_fn=str,  # the position: keys need not be unique (a list may repeat one)
-        )
-        .add_sink(buffer_size=256)
-        .build()
-    )
+    pipeline = builder.add_sink(buffer_size=256).build()
     good: list[int] = []
     last = time.perf_counter()
     with pipeline:
