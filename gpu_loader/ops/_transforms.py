@@ -231,10 +231,14 @@ def _fallback_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Resize(shorter side to ``resize``) + CenterCrop(``size``) + Normalize, as one crop box."""
+    """Resize(shorter side to ``resize``) + CenterCrop(``size``) + Normalize, as one crop box.
+
+    ``resize`` as a (height, width) pair resizes to exactly that size first, aspect ratio
+    not kept, as torchvision's ``Resize((h, w))`` does ("squash").
+    """
 
     size: int | tuple[int, int]
-    resize: int | None = None
+    resize: int | tuple[int, int] | None = None
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     reduced_decode: bool = True
@@ -247,8 +251,28 @@ class EvalTransform:
         resize = self.resize
         if resize is None:
             resize = round(max(oh, ow) * 256 / 224)
-        if isinstance(resize, bool) or not isinstance(resize, (int, np.integer)):
-            raise ValueError(f"`resize` must be an int or None, got {self.resize!r}")
+        if isinstance(resize, (tuple, list)) and len(resize) == 1:
+            resize = resize[0]  # torchvision: a one-element sequence is the int
+        if isinstance(resize, (tuple, list)):
+            if len(resize) != 2 or not all(_is_int(v) for v in resize):
+                raise ValueError(
+                    f"`resize` must be an int, a (height, width) pair of ints or None, got "
+                    f"{self.resize!r}"
+                )
+            rh, rw = int(resize[0]), int(resize[1])
+            if rh < oh or rw < ow:
+                raise ValueError(
+                    f"`resize` {(rh, rw)} must be at least `size` {(oh, ow)} on each side so "
+                    "the centre crop fits"
+                )
+            object.__setattr__(self, "resize", (rh, rw))
+            _validate_norm(self, self.mean, self.std)
+            return
+        if not _is_int(resize):
+            raise ValueError(
+                f"`resize` must be an int, a (height, width) pair of ints or None, got "
+                f"{self.resize!r}"
+            )
         if resize < max(oh, ow):
             # The centre crop would need padding; torchvision pads with zeros, which is
             # almost never wanted for training data.
@@ -268,7 +292,10 @@ class EvalTransform:
         """The centre-crop box in source pixels (``rng`` is unused: the transform is fixed)."""
         del rng
         _check_image_size(height, width)
-        new_h, new_w = resized_shorter_side(height, width, self._resize)
+        if isinstance(self.resize, tuple):
+            new_h, new_w = self.resize  # squash: both sides given
+        else:
+            new_h, new_w = resized_shorter_side(height, width, self._resize)
         oh, ow = self.output_size
         top = round((new_h - oh) / 2.0)
         left = round((new_w - ow) / 2.0)
@@ -277,8 +304,8 @@ class EvalTransform:
 
     @property
     def _resize(self) -> int:
-        # __post_init__ always stores an int; this keeps mypy happy without a cast.
-        return int(self.resize) if self.resize is not None else 0
+        # __post_init__ stores an int or a pair; this keeps mypy happy without a cast.
+        return self.resize if isinstance(self.resize, int) else 0
 
 
 def resized_shorter_side(height: int, width: int, size: int) -> tuple[int, int]:
@@ -286,6 +313,10 @@ def resized_shorter_side(height: int, width: int, size: int) -> tuple[int, int]:
     if width <= height:
         return int(size * height / width), size
     return size, int(size * width / height)
+
+
+def _is_int(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
 def _check_image_size(height: int, width: int) -> None:

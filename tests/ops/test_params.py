@@ -110,6 +110,16 @@ def test_eval_box_is_centred_and_inside(h: int, w: int) -> None:
     assert abs(p.left - (w - p.right)) <= w / new_w + 1e-9
 
 
+def test_eval_squash_resize_pair_is_torchvision_resize_hw_then_centre_crop() -> None:
+    # Resize((8, 10)) of a 100 x 50 image, then CenterCrop((4, 6)): offsets
+    # round((8 - 4) / 2) = 2 and round((10 - 6) / 2) = 2 in the resized image.
+    t = EvalTransform((4, 6), resize=(8, 10))
+    assert t.resize == (8, 10) and t.output_size == (4, 6)
+    p = t.make_params(100, 50, np.random.default_rng(0))
+    assert (p.top, p.left, p.height, p.width) == (25.0, 10.0, 50.0, 30.0)
+    assert EvalTransform(4, resize=[9]).resize == 9  # a one-element list is the int
+
+
 def test_eval_default_resize_and_output_size() -> None:
     assert EvalTransform(224).resize == 256
     assert EvalTransform(224).output_size == (224, 224)
@@ -127,6 +137,9 @@ def test_eval_default_resize_and_output_size() -> None:
         (lambda: TrainTransform(32, std=(0.2, 0.0, 0.2)), "std"),
         (lambda: TrainTransform(32, mean=(0.5, 0.5)), "mean"),  # type: ignore[arg-type]
         (lambda: EvalTransform(224, resize=200), "resize"),
+        (lambda: EvalTransform((8, 8), resize=(16, 7)), "at least"),
+        (lambda: EvalTransform(8, resize=(16, 16, 16)), "pair of ints"),  # type: ignore[arg-type]
+        (lambda: EvalTransform(8, resize=(16.0, 16)), "pair of ints"),  # type: ignore[arg-type]
         (lambda: CropParams(0, 0, 0, 10), "positive size"),
         (lambda: CropParams(-1, 0, 5, 10), "inside"),
     ],

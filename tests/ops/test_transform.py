@@ -26,6 +26,7 @@ TRANSFORMS = [
     EvalTransform(224),
     EvalTransform(64),
     EvalTransform((96, 160), resize=180),
+    EvalTransform((96, 160), resize=(150, 170)),  # squash, then crop
     TrainTransform(224),
     TrainTransform(48),
     TrainTransform((128, 96), scale=(0.5, 1.0)),
@@ -107,6 +108,21 @@ def test_reduced_decode_path_is_taken_and_stays_close(
     load_into(big.data, t, np.random.default_rng(0), out, dtype="float32")
     assert scales_used == [0.125]
     assert psnr01(out, pillow_reference(big.data, t, np.random.default_rng(0)), t) >= 35.0
+
+
+def test_squash_resize_matches_resize_hw_then_centre_crop(photos: list[Photo]) -> None:
+    # torchvision's Resize((h, w)) + CenterCrop: the whole image squashed, then cropped.
+    t = EvalTransform((96, 128), resize=(120, 150))
+    for photo in photos[:4]:
+        out = np.empty((3, 96, 128), np.float32)
+        load_into(photo.data, t, np.random.default_rng(0), out, dtype="float32")
+        with Image.open(io.BytesIO(photo.data)) as opened:
+            im = ImageOps.exif_transpose(opened).convert("RGB")
+        squashed = im.resize((150, 120), Image.Resampling.BILINEAR)
+        top, left = round((120 - 96) / 2), round((150 - 128) / 2)
+        ref = np.asarray(squashed.crop((left, top, left + 128, top + 96)), np.float64) / 255.0
+        ref = ((ref - np.array(t.mean)) / np.array(t.std)).transpose(2, 0, 1)
+        assert psnr01(out, ref, t) >= 40.0, photo.name
 
 
 def test_reduced_decode_false_decodes_fine_texture_at_full_size(scales_used: list[float]) -> None:
