@@ -214,6 +214,12 @@ class ImageLoader:
     limit. It counts per stage (read and decode separately; on the GPU path fetch, and
     GPU decode per sample). ``on_error="raise"`` stops at
     the first failure, with the same exception.
+
+    ``sample_weights`` (one number >= 0 per sample of the source, in its order) makes
+    each epoch draw ``len(source)`` samples with replacement in proportion to them, as
+    ``WeightedRandomSampler`` does (class balancing: weight each sample by one over its
+    class's count), from ``(seed, epoch)``, so ranks split one draw and a resume sees the
+    same; a sample may then come more than once per epoch, and one of weight 0 never.
     """
 
     def __init__(
@@ -232,6 +238,7 @@ class ImageLoader:
         batching: Batching = "ordered",
         on_error: OnError = "skip",
         max_failures: int | float | None = 0.01,
+        sample_weights: Any = None,
         options: LoaderOptions | None = None,
         # DataLoader's own arguments, refused with what to use instead (NoReturn: a type
         # checker flags them too).
@@ -307,6 +314,7 @@ class ImageLoader:
             world_size=world_size,
             drop_last=False,
             fingerprint=source.fingerprint(),
+            weights=sample_weights,
         )
         cpus = os.cpu_count() or 1
         self.decode_threads = self.options.decode_threads or cpus
@@ -826,7 +834,8 @@ _DATALOADER_ARGS = {
     "persistent_workers": "not needed (threads start with each epoch, in milliseconds)",
     "collate_fn": "not supported (batches are always images [B, 3, H, W] and int64 labels "
     "[B]; change them in the training loop)",
-    "sampler": "use shuffle=, seed=, rank= and world_size=",
+    "sampler": "use shuffle=, seed=, rank= and world_size= (and sample_weights= for a "
+    "WeightedRandomSampler)",
     "batch_sampler": "use batch_size=, drop_last=, shuffle=, seed=, rank= and world_size=",
     "generator": "use seed=",
     "worker_init_fn": "not needed (there are no worker processes)",

@@ -5,10 +5,13 @@ rank, from ``(seed, epoch)``. Equal shares: like ``DistributedSampler``, the per
 list is cut to a multiple of ``world_size`` (``drop_last=True``) or padded by repeating
 its head (``drop_last=False``, the default: every sample is seen, a few twice per epoch
 across ranks, never twice on one rank); rank ``r`` takes positions ``r, r+W, r+2W ...``.
+With ``weights`` each epoch is instead one draw with replacement (`weighted_draws`),
+split over the ranks the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,6 +22,7 @@ from gpu_loader.sources._distributed import _from_torch_distributed, resolve_dis
 STATE_VERSION = 1
 # Keeps the permutation streams apart from every other use of the same seed.
 _PERMUTATION_DOMAIN = 0x7065726D  # "perm"
+_WEIGHTED_DOMAIN = 0x77676874  # "wght": weighted draws
 _REQUIRED = (
     "seed",
     "epoch",
@@ -45,6 +49,41 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.argsort(raw, kind="stable").astype(np.int64)
 
 
+def weighted_draws(cumulative: np.ndarray, count: int, seed: int, epoch: int) -> np.ndarray:
+    """``count`` indices drawn with replacement, index ``i`` with probability
+    ``weight[i] / sum`` (``cumulative`` is the running sum of the weights). From the raw
+    PCG64 stream and a search of the running sum, not ``Generator.choice``, for the same
+    reason as `epoch_permutation`: a resumed run must draw the same after a numpy upgrade."""
+    seq = np.random.SeedSequence([_WEIGHTED_DOMAIN, seed, epoch])
+    raw = np.random.PCG64(seq).random_raw(count)
+    uniform = (raw >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))  # [0, 1)
+    picks: np.ndarray = np.searchsorted(cumulative, uniform * cumulative[-1], side="right")
+    # A zero-weight index has no width in the running sum, so it is never picked; the
+    # clip only guards rounding at the very top.
+    out: np.ndarray = np.minimum(picks, len(cumulative) - 1).astype(np.int64)
+    return out
+
+
+def check_weights(weights: Any, num_samples: int) -> np.ndarray:
+    """The weights as a read-only float64 array, refused unless one finite weight >= 0
+    per sample with a positive sum."""
+    try:
+        array = np.array(weights, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"`sample_weights` must be numbers, one per sample, got {weights!r}"
+        ) from None
+    if len(array) != num_samples:
+        raise ValueError(
+            f"`sample_weights` has {len(array)} weights for {num_samples} samples: give one "
+            "per sample, in the source's order"
+        )
+    if not np.all(np.isfinite(array)) or np.any(array < 0) or not array.sum() > 0:
+        raise ValueError("`sample_weights` must be finite, >= 0 and not all zero")
+    array.flags.writeable = False
+    return array
+
+
 class Sampler:
     """This rank's dataset indices for each epoch, with resumable progress.
 
@@ -64,6 +103,7 @@ class Sampler:
         world_size: int | None = None,
         drop_last: bool = False,
         fingerprint: str = "",
+        weights: Any = None,
     ) -> None:
         _check_int("num_samples", num_samples, 1)
         _check_int("seed", seed, 0)
@@ -76,6 +116,17 @@ class Sampler:
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.fingerprint = fingerprint
+        self._cumulative: np.ndarray | None = None
+        self.weights_digest: str | None = None
+        if weights is not None:
+            if not shuffle:
+                raise ValueError(
+                    "`sample_weights` draws samples at random each epoch: shuffle=False "
+                    "cannot go with it"
+                )
+            checked = check_weights(weights, self.num_samples)
+            self._cumulative = np.cumsum(checked)
+            self.weights_digest = hashlib.sha256(checked.tobytes()).hexdigest()[:16]
         self._rank, self._world_size = resolve_distributed(rank, world_size)
         self._detected = rank is None and world_size is None
         self._epoch = 0
@@ -159,12 +210,17 @@ class Sampler:
 
     def _compute(self) -> np.ndarray:
         n = self.num_samples
+        total = len(self) * self._world_size
+        if self._cumulative is not None:  # with replacement: exactly `total` draws
+            drawn = weighted_draws(self._cumulative, total, self.seed, self._epoch)
+            mine = np.ascontiguousarray(drawn[self._rank :: self._world_size])
+            mine.flags.writeable = False
+            return mine
         order = (
             epoch_permutation(n, self.seed, self._epoch)
             if self.shuffle
             else np.arange(n, dtype=np.int64)
         )
-        total = len(self) * self._world_size
         # np.resize repeats the head cyclically when padding (even if total > 2n).
         order = order[:total] if total <= n else np.resize(order, total)
         mine = np.ascontiguousarray(order[self._rank : total : self._world_size])
@@ -184,6 +240,7 @@ class Sampler:
             "fingerprint": self.fingerprint,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "weights": self.weights_digest,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -215,8 +272,9 @@ class Sampler:
             ("world_size", self._world_size),
             ("shuffle", self.shuffle),
             ("drop_last", self.drop_last),
+            ("weights", self.weights_digest),  # absent in states from before weights
         ):
-            if state[name] != ours:
+            if state.get(name) != ours:
                 raise ValueError(_mismatch(name, state[name], ours))
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0)
@@ -235,6 +293,7 @@ def _mismatch(name: str, theirs: object, ours: object) -> str:
         "world_size": "a different number of ranks",
         "shuffle": "a different shuffle setting",
         "drop_last": "a different drop_last setting",
+        "weights": "different sample_weights",
     }[name]
     return (
         f"refusing sampler state from {what}: state has {name}={theirs!r}, this sampler has "

@@ -312,6 +312,29 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_sample_weights_draw_each_epoch_and_resume_to_the_same_draw(
+    unique_list: FileList, batching: str
+) -> None:
+    # Labels are indices; odd ones weigh 0, index 2 weighs 10: a class-balancing habit.
+    n = len(unique_list)
+    weights = [0.0 if i % 2 else (10.0 if i == 2 else 1.0) for i in range(n)]
+    kw: dict[str, Any] = {"seed": 4, "sample_weights": weights, "batching": batching}
+    full = labels_of(run_epoch(make(unique_list, **kw)))
+    assert len(full) == n and all(label % 2 == 0 for label in full)
+    assert Counter(full)[2] > 3  # drawn with replacement, in proportion
+    loader = make(unique_list, **kw)
+    it = iter(loader)
+    first = [int(v) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, **kw)
+    resumed.load_state_dict(state)
+    assert Counter(first + labels_of(run_epoch(resumed))) == Counter(full)
+    with pytest.raises(ValueError, match="different sample_weights"):
+        make(unique_list, seed=4, batching=batching).load_state_dict(state)
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_a_checkpoint_after_break_keeps_its_progress_once_the_epoch_is_collected(
     unique_list: FileList, batching: str
 ) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_loader.sources import Sampler
-from gpu_loader.sources._sampler import epoch_permutation
+from gpu_loader.sources._sampler import epoch_permutation, weighted_draws
 
 
 def test_permutations_differ_per_epoch_and_reproduce() -> None:
@@ -187,3 +187,54 @@ def test_bad_arguments(kwargs: dict[str, object], error: type, match: str) -> No
     kwargs = {"rank": 0, "world_size": 1} | kwargs
     with pytest.raises(error, match=match):
         Sampler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_weighted_draws_follow_the_weights_and_never_pick_weight_zero() -> None:
+    weights = np.array([1.0, 0.0, 2.0, 0.0, 5.0, 2.0])
+    draws = weighted_draws(np.cumsum(weights), 200_000, seed=3, epoch=1)
+    counts = np.bincount(draws, minlength=len(weights)) / len(draws)
+    np.testing.assert_allclose(counts, weights / weights.sum(), atol=0.005)
+    assert counts[1] == 0 and counts[3] == 0
+    # Pinned like the permutation: a resumed run draws the same after a numpy upgrade.
+    assert weighted_draws(np.cumsum(weights), 8, 0, 0).tolist() == PINNED_DRAWS
+
+
+PINNED_DRAWS = [4, 4, 5, 4, 4, 4, 0, 4]  # recorded with numpy 2.4
+
+
+def test_weighted_sampler_shards_one_draw_per_epoch_and_resumes() -> None:
+    weights = np.linspace(0.0, 1.0, 101)
+    shards = [Sampler(101, seed=5, rank=r, world_size=3, weights=weights) for r in range(3)]
+    for s in shards:
+        s.set_epoch(4)
+    assert all(len(s.indices()) == len(shards[0]) == 34 for s in shards)
+    whole = weighted_draws(np.cumsum(weights), 34 * 3, 5, 4)
+    for r, s in enumerate(shards):
+        assert s.indices().tolist() == whole[r::3].tolist()
+    assert 0 not in np.concatenate([s.indices() for s in shards])  # weight 0
+    other = Sampler(101, seed=5, rank=0, world_size=3, weights=weights)
+    other.set_epoch(5)
+    assert other.indices().tolist() != shards[0].indices().tolist()  # a new draw per epoch
+    # The state carries the weights' digest: other weights, or none, are refused.
+    state = json.loads(json.dumps(shards[0].state_dict()))
+    Sampler(101, seed=5, rank=0, world_size=3, weights=weights).load_state_dict(state)
+    for changed in (weights[::-1], None):
+        with pytest.raises(ValueError, match="different sample_weights"):
+            Sampler(101, seed=5, rank=0, world_size=3, weights=changed).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("weights", "error", "match"),
+    [
+        ([1.0, 2.0], ValueError, "2 weights for 3 samples"),
+        ([1.0, -1.0, 1.0], ValueError, ">= 0"),
+        ([0.0, 0.0, 0.0], ValueError, "not all zero"),
+        ([1.0, float("nan"), 1.0], ValueError, "finite"),
+        (["a", "b", "c"], TypeError, "numbers"),
+    ],
+)
+def test_bad_weights_are_refused(weights: object, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        Sampler(3, rank=0, world_size=1, weights=weights)
+    with pytest.raises(ValueError, match="shuffle=False"):
+        Sampler(3, rank=0, world_size=1, shuffle=False, weights=[1, 1, 1])
