@@ -306,6 +306,7 @@ class ImageLoader:
             )
         self.device = _resolve_device(device)
         self._pin = _pin_batches(self.device, self.options.pin_memory)
+        self._check_exif_for(self._gpu_decode_chosen())  # here rather than at iteration
         self.sampler = Sampler(
             len(source),
             shuffle=shuffle,
@@ -793,7 +794,20 @@ class ImageLoader:
                 "LoaderOptions(decode_on='gpu') needs device='cuda' (or gpu_ports for tests); "
                 f"this loader's device is {self.device}"
             )
+        on_gpu = self._gpu_decode_chosen()
+        self._check_exif_for(on_gpu)
+        return on_gpu
+
+    def _gpu_decode_chosen(self) -> bool:
+        mode = self.options.decode_on
         return mode == "gpu" or (mode == "auto" and self.device.type == "cuda")
+
+    def _check_exif_for(self, on_gpu: bool) -> None:
+        if on_gpu and not self.transform.exif_orientation:
+            raise ValueError(
+                "exif_orientation=False is supported by the CPU decode path only (the GPU "
+                "decoder turns images upright); pass options=LoaderOptions(decode_on='cpu')"
+            )
 
     def _epoch_closed(
         self,

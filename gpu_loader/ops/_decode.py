@@ -126,9 +126,10 @@ def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | memo
 
 
 def probe_size(
-    data: bytes | bytearray | memoryview | np.ndarray, *, key: str = "?"
+    data: bytes | bytearray | memoryview | np.ndarray, *, key: str = "?", exif: bool = True
 ) -> tuple[int, int] | None:
-    """(height, width) of a JPEG after EXIF orientation, from its header; None if not a JPEG.
+    """(height, width) of a JPEG after EXIF orientation (as stored with ``exif=False``),
+    from its header; None if not a JPEG.
 
     Raises DecodeError when the bytes start like a JPEG but the header is unreadable.
     """
@@ -136,7 +137,8 @@ def probe_size(
     if sniff(buf) != "jpeg":
         return None
     height, width, _, orientation, _ = _jpeg_header(buf, key)
-    return (width, height) if orientation_swaps_axes(orientation) else (height, width)
+    swap = exif and orientation_swaps_axes(orientation)
+    return (width, height) if swap else (height, width)
 
 
 def _jpeg_header(buf: bytes | memoryview, key: str) -> tuple[int, int, str, int, int | None]:
@@ -182,14 +184,17 @@ def decode(
     key: str = "?",
     max_pixels: int = DEFAULT_MAX_PIXELS,
     min_size: tuple[float, float] | None = None,
+    exif: bool = True,
 ) -> DecodedImage:
-    """Decode an image to RGB, EXIF orientation applied.
+    """Decode an image to RGB, EXIF orientation applied (pixels as stored: ``exif=False``).
 
     For a JPEG, ``min_size=(h, w)`` (in oriented pixels) allows a DCT-domain downscale by the
     largest k in (8, 4, 2) with ``height / k >= h`` and ``width / k >= w``; the factor used
     is ``DecodedImage.scale``. Every failure raises DecodeError naming ``key``.
     """
-    return decode_at(data, key=key, max_pixels=max_pixels, min_size=min_size, factor=None)
+    return decode_at(
+        data, key=key, max_pixels=max_pixels, min_size=min_size, factor=None, exif=exif
+    )
 
 
 def decode_at(
@@ -199,6 +204,7 @@ def decode_at(
     max_pixels: int,
     min_size: tuple[float, float] | None = None,
     factor: int | None = None,
+    exif: bool = True,
 ) -> DecodedImage:
     """`decode` with an explicit DCT ``factor`` (JPEG only; None chooses from ``min_size``)."""
     buf = _as_bytes(data)
@@ -213,8 +219,8 @@ def decode_at(
             "supported: JPEG, PNG, WebP, BMP, GIF, TIFF, PPM/PGM/PBM",
         )
     if fmt == "jpeg":
-        return _decode_jpeg(buf, key, max_pixels, min_size, factor)
-    return _decode_other(buf, fmt, key, max_pixels)
+        return _decode_jpeg(buf, key, max_pixels, min_size, factor, exif)
+    return _decode_other(buf, fmt, key, max_pixels, exif)
 
 
 def _decode_jpeg(
@@ -223,14 +229,19 @@ def _decode_jpeg(
     max_pixels: int,
     min_size: tuple[float, float] | None,
     factor: int | None,
+    exif: bool = True,
 ) -> DecodedImage:
     import simplejpeg
 
     height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
+    if not exif:
+        orientation = 1  # the pixels as stored
     _check_pixels(key, height, width, max_pixels)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
-        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=height * width)
+        return _decode_pillow(
+            buf, key, max_pixels=max_pixels, header_pixels=height * width, exif=exif
+        )
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
         factor = cap_dct_factor(choose_dct_factor(oriented[0], oriented[1], min_size), buf, chroma)
@@ -243,13 +254,15 @@ def _decode_jpeg(
         if "subsampling level" in str(exc):
             # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
             # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
-            return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=height * width)
+            return _decode_pillow(
+                buf, key, max_pixels=max_pixels, header_pixels=height * width, exif=exif
+            )
         raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
     if rgbx.shape[:2] != (want_h, want_w):
         # libjpeg chose another n/8 scale (tiny images): the box mapping would be wrong.
         if factor == 1:
             raise _fail(key, f"decoder returned {rgbx.shape[:2]}, header said {(height, width)}")
-        return _decode_jpeg(buf, key, max_pixels, None, 1)
+        return _decode_jpeg(buf, key, max_pixels, None, 1, exif)
     origin = (0.0, 0.0)
     if orientation != 1:
         rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))
@@ -296,7 +309,9 @@ def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:
     return image
 
 
-def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: int) -> DecodedImage:
+def _decode_other(
+    buf: bytes | memoryview, fmt: Format, key: str, max_pixels: int, exif: bool = True
+) -> DecodedImage:
     import cv2
 
     size = header_size(buf, fmt)
@@ -309,7 +324,7 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
     if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:
         raise _fail(key, f"truncated netpbm image: {reason}")
     if size is None:
-        return _decode_pillow(buf, key, max_pixels=max_pixels)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, exif=exif)
     pixels = size[0] * size[1]
     if fmt in ("tiff", "gif", "pnm"):
         # Pillow: OpenCV premultiplies RGBA TIFFs by their alpha and warns on stderr about
@@ -317,7 +332,7 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         # prints an error line for a cut GIF, which Pillow reports as truncated; it reads
         # netpbm samples without scaling them by their maxval (a maxval-15 PGM came out
         # 0-15, not 0-255) and prints an error line for a cut file.
-        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels, exif=exif)
     if fmt == "png":
         damage, complete = png_damage(buf)
         if damage is not None:
@@ -325,10 +340,12 @@ def _decode_other(buf: bytes | memoryview, fmt: Format, key: str, max_pixels: in
         if complete is not None:  # complete image data without its IEND trailer: close it
             buf = bytes(buf[:complete]) + _IEND  # (OpenCV refuses it open, with a stderr line)
     flags = cv2.IMREAD_COLOR  # 3 channels: grey replicated, alpha dropped, EXIF applied
+    if not exif:
+        flags |= cv2.IMREAD_IGNORE_ORIENTATION
     bgr = cv2.imdecode(np.frombuffer(buf, np.uint8), flags)
     if bgr is None or bgr.ndim != 3 or bgr.shape[2] != 3:
         # OpenCV builds may lack a codec (e.g. GIF)
-        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels)
+        return _decode_pillow(buf, key, max_pixels=max_pixels, header_pixels=pixels, exif=exif)
     rgbx = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGBA)
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
 
@@ -342,6 +359,7 @@ def _decode_pillow(
     *,
     max_pixels: int,
     header_pixels: int | None = None,
+    exif: bool = True,
 ) -> DecodedImage:
     """Decode with Pillow, refusing more than ``max_pixels`` by the size Pillow parsed
     (before any pixel is decoded). ``header_pixels``: the size our own header parser read
@@ -353,7 +371,7 @@ def _decode_pillow(
         with _pillow_limit_lifted(header_pixels), Image.open(io.BytesIO(buf)) as im:
             _check_pixels(key, im.height, im.width, max_pixels)
             im.load()
-            rgb = ImageOps.exif_transpose(im).convert("RGBX")
+            rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGBX")
     except DecodeError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:

@@ -60,17 +60,19 @@ def load_into(
         done = _load_jpeg_native(native, buf, transform, rng, out, dtype, key, max_pixels)
         if done is not None:
             return done
-    size = probe_size(buf, key=key)
+    exif = transform.exif_orientation
+    size = probe_size(buf, key=key, exif=exif)
     if size is None:
         # Not a JPEG: no header-only size and no reduced decode; decode first.
-        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=1)
+        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=1, exif=exif)
         height, width = image.height, image.width
         params = transform.make_params(height, width, rng)
     else:
         height, width = size
         params = transform.make_params(height, width, rng)
         factor = _dct_factor(transform, params, height, width)
-        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=cap_dct_factor(factor, buf))
+        factor = cap_dct_factor(factor, buf)
+        image = decode_at(buf, key=key, max_pixels=max_pixels, factor=factor, exif=exif)
         params = image.box(params)
     transform_into(image, params, out, mean=transform.mean, std=transform.std, dtype=dtype)
     return height, width
@@ -114,10 +116,12 @@ def _load_jpeg_native(
     """One C call: region + DCT-scaled decode streamed into the fused transform.
 
     Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
-    general path: EXIF-rotated ones and colour spaces other than YCbCr, RGB and grey.
+    general path: EXIF-rotated ones (when the transform applies EXIF orientation) and
+    colour spaces other than YCbCr, RGB and grey.
     """
     height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
-    if orientation != 1 or colorspace not in _NATIVE_COLORSPACES:
+    rotated = orientation != 1 and transform.exif_orientation  # else: as stored
+    if rotated or colorspace not in _NATIVE_COLORSPACES:
         return None
     _check_pixels(key, height, width, max_pixels)
     params = transform.make_params(height, width, rng)

@@ -133,9 +133,9 @@ def _validate_norm(obj: object, mean: Sequence[float], std: Sequence[float]) -> 
         )
 
 
-def _check_reduced_decode(value: object) -> None:
+def _check_flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"`reduced_decode` must be a bool, got {value!r}")
+        raise TypeError(f"`{name}` must be a bool, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -154,10 +154,16 @@ class TrainTransform:
     output's resolution can then alias (down to ~28 dB against the full-decode reference;
     natural photos stay >= 35 dB). False: always decode at full size, for evaluation that
     must match a Pillow/torchvision pipeline closely. The GPU path always decodes full."""
+    exif_orientation: bool = True
+    """Turn each image upright by its EXIF orientation before cropping, as Pillow's
+    ``exif_transpose`` does. False: use the pixels as stored, as torchvision's default
+    image loader does (to match a model trained or evaluated that way). CPU decode only:
+    the GPU decode path refuses False."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size_pair(self.size))
-        _check_reduced_decode(self.reduced_decode)
+        _check_flag("reduced_decode", self.reduced_decode)
+        _check_flag("exif_orientation", self.exif_orientation)
         s0, s1 = (float(v) for v in self.scale)
         if not 0 < s0 <= s1:
             raise ValueError(f"`scale` must be (lo, hi) with 0 < lo <= hi, got {self.scale!r}")
@@ -243,9 +249,12 @@ class EvalTransform:
     std: tuple[float, float, float] = IMAGENET_STD
     reduced_decode: bool = True
     """As `TrainTransform.reduced_decode`."""
+    exif_orientation: bool = True
+    """As `TrainTransform.exif_orientation`."""
 
     def __post_init__(self) -> None:
-        _check_reduced_decode(self.reduced_decode)
+        _check_flag("reduced_decode", self.reduced_decode)
+        _check_flag("exif_orientation", self.exif_orientation)
         oh, ow = _size_pair(self.size)
         object.__setattr__(self, "size", (oh, ow))
         resize = self.resize

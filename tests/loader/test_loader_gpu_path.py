@@ -122,6 +122,13 @@ def test_breaking_out_leaves_no_threads(unique_list: FileList) -> None:
     assert [t for t in set(threading.enumerate()) - before if t.is_alive()] == []
 
 
+def test_exif_orientation_false_is_refused_on_the_gpu_path_when_built(
+    unique_list: FileList,
+) -> None:
+    with pytest.raises(ValueError, match="decode_on='cpu'"):
+        make(unique_list, transform=EvalTransform(SIZE, exif_orientation=False))
+
+
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
     with pytest.raises(ValueError, match="decode_on='gpu'"):
         iter(
