@@ -66,6 +66,11 @@ class Task:
     key: str
     data: bytes | None = None
     out: Any = None
+    stream: int = -1
+    """Which random stream draws its crop and flip (`sample_stream`'s ``index``): the
+    sample's own index, or with weighted draws, where a sample may come several times an
+    epoch, its place in the epoch's global draw (past every index, so the two never meet),
+    so each repeat gets its own augmentation; the same on any rank and after a resume."""
 
 
 def task_key(task: Task) -> str:
@@ -175,7 +180,14 @@ class EpochBase:
                 self.in_flight += 1
             index = int(self.indices[position])
             self.batcher.started(position)
-            yield Task(position, index, index_of(index))
+            yield Task(position, index, index_of(index), stream=self.stream_of(position, index))
+
+    def stream_of(self, position: int, index: int) -> int:
+        """`Task.stream` for the sample at ``position`` of this rank's epoch."""
+        sampler = self.loader.sampler
+        if not sampler.weighted:
+            return index
+        return sampler.num_samples + sampler.rank + sampler.world_size * position
 
     def restored_failures(self) -> list[FailedSample]:
         failed = self.received.ledger.failed_positions()
@@ -581,7 +593,9 @@ class CpuEpoch(EpochBase):
             load_into(
                 task.data or b"",
                 loader.transform,
-                sample_stream(loader.seed, self.epoch, task.index),
+                sample_stream(
+                    loader.seed, self.epoch, task.index if task.stream < 0 else task.stream
+                ),
                 out,
                 dtype=loader.dtype,
                 key=task.key,

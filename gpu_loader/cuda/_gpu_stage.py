@@ -113,6 +113,7 @@ class _Task(Protocol):
     position: int
     index: int
     key: str
+    stream: int
 
 
 class GpuFetcher:
@@ -163,14 +164,17 @@ class GpuFetcher:
         self._overflow_lock = threading.Lock()
 
     def __call__(self, task: _Task) -> FetchedSample:
-        return self.fetch(task.position, task.index, task.key)
+        return self.fetch(task.position, task.index, task.key, task.stream)
 
-    def fetch(self, position: int, index: int, key: str | None = None) -> FetchedSample:
+    def fetch(
+        self, position: int, index: int, key: str | None = None, stream: int = -1
+    ) -> FetchedSample:
+        """``stream``: which random stream draws the crop (`Task.stream`); -1: ``index``."""
         key = self.source.key(index) if key is None else key
         piece, data = self._read(index, key)
         try:
             size = probe_size(data, key=key)
-            rng = sample_stream(self.seed, self.epoch, index)
+            rng = sample_stream(self.seed, self.epoch, index if stream < 0 else stream)
             if size is not None:
                 check_pixels(key, size, self.max_pixels)
                 params = self.transform.make_params(size[0], size[1], rng)

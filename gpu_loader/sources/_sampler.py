@@ -67,18 +67,24 @@ def weighted_draws(cumulative: np.ndarray, count: int, seed: int, epoch: int) ->
 def check_weights(weights: Any, num_samples: int) -> np.ndarray:
     """The weights as a read-only float64 array, refused unless one finite weight >= 0
     per sample with a positive sum."""
+    if hasattr(weights, "detach"):  # a torch tensor, maybe requiring grad or on a GPU
+        weights = weights.detach().cpu().numpy()
     try:
-        array = np.array(weights, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
+        given = np.asarray(weights)
+    except (TypeError, ValueError):  # ragged lists
+        given = np.asarray([None])
+    if given.dtype.kind not in "biuf" or given.ndim != 1:
         raise TypeError(
-            f"`sample_weights` must be numbers, one per sample, got {weights!r}"
-        ) from None
+            "`sample_weights` must be numbers, one per sample (a 1-D list, array or tensor), "
+            f"got {type(weights).__name__} of {given.dtype} with shape {given.shape}"
+        )
+    array = given.astype(np.float64)
     if len(array) != num_samples:
         raise ValueError(
             f"`sample_weights` has {len(array)} weights for {num_samples} samples: give one "
             "per sample, in the source's order"
         )
-    if not np.all(np.isfinite(array)) or np.any(array < 0) or not array.sum() > 0:
+    if not np.all(np.isfinite(array)) or np.any(array < 0) or not array.max() > 0:
         raise ValueError("`sample_weights` must be finite, >= 0 and not all zero")
     array.flags.writeable = False
     return array
@@ -125,7 +131,9 @@ class Sampler:
                     "cannot go with it"
                 )
             checked = check_weights(weights, self.num_samples)
-            self._cumulative = np.cumsum(checked)
+            # Scaled by the largest first: a running sum of weights near 1e308 overflows
+            # to inf, and every draw then landed on the last index, weight 0 or not.
+            self._cumulative = np.cumsum(checked / checked.max())
             self.weights_digest = hashlib.sha256(checked.tobytes()).hexdigest()[:16]
         self._rank, self._world_size = resolve_distributed(rank, world_size)
         self._detected = rank is None and world_size is None
@@ -157,6 +165,11 @@ class Sampler:
             "every rank reads the whole dataset). Build the loader after "
             "init_process_group, or pass rank= and world_size="
         )
+
+    @property
+    def weighted(self) -> bool:
+        """Each epoch is a draw with replacement by ``weights`` (a sample may repeat)."""
+        return self._cumulative is not None
 
     @property
     def rank(self) -> int:
@@ -275,7 +288,7 @@ class Sampler:
             ("weights", self.weights_digest),  # absent in states from before weights
         ):
             if state.get(name) != ours:
-                raise ValueError(_mismatch(name, state[name], ours))
+                raise ValueError(_mismatch(name, state.get(name), ours))
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0)
         if state["position"] > len(self):

@@ -334,6 +334,20 @@ def test_sample_weights_draw_each_epoch_and_resume_to_the_same_draw(
         make(unique_list, seed=4, batching=batching).load_state_dict(state)
 
 
+def test_each_repeat_of_a_weighted_draw_gets_its_own_crop(unique_list: FileList) -> None:
+    # Review: repeats shared the (seed, epoch, index) stream, so all came out the same:
+    # the over-sampled class got no more variety than one copy would give.
+    weights = [1.0 if i == 3 else 0.0 for i in range(len(unique_list))]
+    kw: dict[str, Any] = {"seed": 1, "sample_weights": weights, "shuffle": True}
+    first = run_epoch(make(unique_list, **kw))
+    rows = torch.cat([x for x, _ in first])
+    assert set(labels_of(first)) == {3} and len(rows) == len(unique_list)
+    distinct = {tuple(r.flatten()[:64].tolist()) for r in rows}
+    assert len(distinct) > len(rows) // 2  # crops and flips differ between repeats
+    again = run_epoch(make(unique_list, **kw))  # and are the same in another run
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(first, again, strict=True))
+
+
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_a_checkpoint_after_break_keeps_its_progress_once_the_epoch_is_collected(
     unique_list: FileList, batching: str

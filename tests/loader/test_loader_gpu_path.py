@@ -122,6 +122,14 @@ def test_breaking_out_leaves_no_threads(unique_list: FileList) -> None:
     assert [t for t in set(threading.enumerate()) - before if t.is_alive()] == []
 
 
+def test_each_repeat_of_a_weighted_draw_gets_its_own_crop(unique_list: FileList) -> None:
+    weights = [1.0 if i == 3 else 0.0 for i in range(len(unique_list))]
+    loader = make(unique_list, sample_weights=weights, seed=1)
+    rows = torch.cat([x.clone() for x, _ in loader])
+    distinct = {tuple(r.flatten()[:64].tolist()) for r in rows}
+    assert len(distinct) > len(rows) // 2
+
+
 def test_exif_orientation_false_is_refused_on_the_gpu_path_when_built(
     unique_list: FileList,
 ) -> None:

@@ -202,6 +202,22 @@ def test_weighted_draws_follow_the_weights_and_never_pick_weight_zero() -> None:
 PINNED_DRAWS = [4, 4, 5, 4, 4, 4, 0, 4]  # recorded with numpy 2.4
 
 
+def test_huge_weights_do_not_overflow_and_old_states_are_refused_clearly() -> None:
+    # Review: a running sum past 1e308 became inf and every draw took the last index.
+    sampler = Sampler(4, rank=0, world_size=1, weights=[1e308, 1e308, 1e308, 0.0])
+    drawn = sampler.indices().tolist()
+    assert 3 not in drawn and set(drawn) <= {0, 1, 2}
+    import torch
+
+    grad = torch.ones(4, requires_grad=True)  # a tensor is taken as it is
+    assert Sampler(4, rank=0, world_size=1, weights=grad).weighted
+    old = Sampler(4, rank=0, world_size=1).state_dict()
+    del old["weights"]  # a state from before weights existed
+    Sampler(4, rank=0, world_size=1).load_state_dict(old)
+    with pytest.raises(ValueError, match="different sample_weights"):
+        Sampler(4, rank=0, world_size=1, weights=[1, 1, 1, 1]).load_state_dict(old)
+
+
 def test_weighted_sampler_shards_one_draw_per_epoch_and_resumes() -> None:
     weights = np.linspace(0.0, 1.0, 101)
     shards = [Sampler(101, seed=5, rank=r, world_size=3, weights=weights) for r in range(3)]
@@ -231,6 +247,8 @@ def test_weighted_sampler_shards_one_draw_per_epoch_and_resumes() -> None:
         ([0.0, 0.0, 0.0], ValueError, "not all zero"),
         ([1.0, float("nan"), 1.0], ValueError, "finite"),
         (["a", "b", "c"], TypeError, "numbers"),
+        (["1", "2", "3"], TypeError, "numbers"),
+        ([[1.0], [2.0], [3.0]], TypeError, "1-D"),
     ],
 )
 def test_bad_weights_are_refused(weights: object, error: type, match: str) -> None:
