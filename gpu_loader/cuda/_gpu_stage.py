@@ -113,7 +113,6 @@ class _Task(Protocol):
     position: int
     index: int
     key: str
-    stream: int
 
 
 class GpuFetcher:
@@ -164,7 +163,8 @@ class GpuFetcher:
         self._overflow_lock = threading.Lock()
 
     def __call__(self, task: _Task) -> FetchedSample:
-        return self.fetch(task.position, task.index, task.key, task.stream)
+        # `stream` (the loader's tasks have it, see `Task.stream`): else the index's own.
+        return self.fetch(task.position, task.index, task.key, getattr(task, "stream", -1))
 
     def fetch(
         self, position: int, index: int, key: str | None = None, stream: int = -1
