@@ -68,9 +68,14 @@ class Task:
     out: Any = None
     stream: int = -1
     """Which random stream draws its crop and flip (`sample_stream`'s ``index``): the
-    sample's own index, or with weighted draws, where a sample may come several times an
-    epoch, its place in the epoch's global draw (past every index, so the two never meet),
-    so each repeat gets its own augmentation; the same on any rank and after a resume."""
+    sample's own index (the default), or with weighted draws, where a sample may come
+    several times an epoch, its place in the epoch's global draw (past every index, so the
+    two never meet), so each repeat gets its own augmentation; the same on any rank and
+    after a resume."""
+
+    def __post_init__(self) -> None:
+        if self.stream < 0:
+            self.stream = self.index
 
 
 def task_key(task: Task) -> str:
@@ -593,9 +598,7 @@ class CpuEpoch(EpochBase):
             load_into(
                 task.data or b"",
                 loader.transform,
-                sample_stream(
-                    loader.seed, self.epoch, task.index if task.stream < 0 else task.stream
-                ),
+                sample_stream(loader.seed, self.epoch, task.stream),
                 out,
                 dtype=loader.dtype,
                 key=task.key,

@@ -405,12 +405,7 @@ class ImageLoader:
         ended). Setting another epoch
         while one is being iterated stops that one (its iterator raises if used again).
         """
-        if isinstance(epoch, bool):
-            raise TypeError(f"`epoch` must be an int, got {epoch!r}")
-        try:
-            epoch = operator.index(epoch)  # int and numpy integers
-        except TypeError:
-            raise TypeError(f"`epoch` must be an int, got {epoch!r}") from None
+        epoch = _as_int(epoch, f"`epoch` must be an int, got {epoch!r}")
         if not 0 <= epoch < EPOCH_LIMIT:
             raise ValueError(
                 f"`epoch` must be in [0, {EPOCH_LIMIT}) (per-sample random streams key on "
@@ -619,14 +614,7 @@ class ImageLoader:
         stage and error. An epoch run again from its start replaces the records of its
         earlier (cut-short) pass."""
         if epoch is not None:
-            try:  # an int, or a numpy integer
-                if isinstance(epoch, bool):
-                    raise TypeError
-                epoch = operator.index(epoch)
-            except TypeError:
-                raise TypeError(
-                    f"failed_samples(epoch=...) takes an int or None, got {epoch!r}"
-                ) from None
+            epoch = _as_int(epoch, f"failed_samples(epoch=...) takes an int or None, got {epoch!r}")
         active = self._epoch()
         with self._lock:  # an epoch's records move into `_failed` under this lock
             done = list(self._failed)
@@ -837,6 +825,16 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
+
+
+def _as_int(value: object, refusal: str) -> int:
+    """``value`` as an int (an int or a numpy integer, not a bool); TypeError(refusal)."""
+    if isinstance(value, bool):
+        raise TypeError(refusal)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(refusal) from None
 
 
 # DataLoader arguments a migrating training script passes, and what takes their place.

@@ -164,17 +164,17 @@ class GpuFetcher:
 
     def __call__(self, task: _Task) -> FetchedSample:
         # `stream` (the loader's tasks have it, see `Task.stream`): else the index's own.
-        return self.fetch(task.position, task.index, task.key, getattr(task, "stream", -1))
+        return self.fetch(task.position, task.index, task.key, getattr(task, "stream", None))
 
     def fetch(
-        self, position: int, index: int, key: str | None = None, stream: int = -1
+        self, position: int, index: int, key: str | None = None, stream: int | None = None
     ) -> FetchedSample:
-        """``stream``: which random stream draws the crop (`Task.stream`); -1: ``index``."""
+        """``stream``: which random stream draws the crop (`Task.stream`); None: ``index``."""
         key = self.source.key(index) if key is None else key
         piece, data = self._read(index, key)
         try:
             size = probe_size(data, key=key)
-            rng = sample_stream(self.seed, self.epoch, index if stream < 0 else stream)
+            rng = sample_stream(self.seed, self.epoch, index if stream is None else stream)
             if size is not None:
                 check_pixels(key, size, self.max_pixels)
                 params = self.transform.make_params(size[0], size[1], rng)

@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, TypeGuard, cast
 
 import numpy as np
 
@@ -260,36 +260,7 @@ class EvalTransform:
         resize = self.resize
         if resize is None:
             resize = round(max(oh, ow) * 256 / 224)
-        if isinstance(resize, (tuple, list)) and len(resize) == 1:
-            resize = resize[0]  # torchvision: a one-element sequence is the int
-        if isinstance(resize, (tuple, list)):
-            if len(resize) != 2 or not all(_is_int(v) for v in resize):
-                raise ValueError(
-                    f"`resize` must be an int, a (height, width) pair of ints or None, got "
-                    f"{self.resize!r}"
-                )
-            rh, rw = int(resize[0]), int(resize[1])
-            if rh < oh or rw < ow:
-                raise ValueError(
-                    f"`resize` {(rh, rw)} must be at least `size` {(oh, ow)} on each side so "
-                    "the centre crop fits"
-                )
-            object.__setattr__(self, "resize", (rh, rw))
-            _validate_norm(self, self.mean, self.std)
-            return
-        if not _is_int(resize):
-            raise ValueError(
-                f"`resize` must be an int, a (height, width) pair of ints or None, got "
-                f"{self.resize!r}"
-            )
-        if resize < max(oh, ow):
-            # The centre crop would need padding; torchvision pads with zeros, which is
-            # almost never wanted for training data.
-            raise ValueError(
-                f"`resize` ({resize}) must be >= the largest side of `size` {(oh, ow)} so the "
-                f"centre crop fits; pass resize >= {max(oh, ow)} or leave it None"
-            )
-        object.__setattr__(self, "resize", int(resize))
+        object.__setattr__(self, "resize", _checked_resize(resize, self.resize, oh, ow))
         _validate_norm(self, self.mean, self.std)
 
     @property
@@ -324,7 +295,38 @@ def resized_shorter_side(height: int, width: int, size: int) -> tuple[int, int]:
     return size, int(size * width / height)
 
 
-def _is_int(value: object) -> bool:
+def _checked_resize(resize: object, given: object, oh: int, ow: int) -> int | tuple[int, int]:
+    """`EvalTransform.resize` as stored: an int (shorter side) or a (height, width) pair
+    (squash), each large enough for the ``oh`` x ``ow`` centre crop; ``given`` is what the
+    caller passed, for the message."""
+    if isinstance(resize, (tuple, list)) and len(resize) == 1:
+        resize = resize[0]  # torchvision: a one-element sequence is the int
+    bad = ValueError(
+        f"`resize` must be an int, a (height, width) pair of ints or None, got {given!r}"
+    )
+    if isinstance(resize, (tuple, list)):
+        if len(resize) != 2 or not all(map(_is_int, resize)):
+            raise bad
+        rh, rw = int(resize[0]), int(resize[1])
+        if rh < oh or rw < ow:
+            raise ValueError(
+                f"`resize` {(rh, rw)} must be at least `size` {(oh, ow)} on each side so "
+                "the centre crop fits"
+            )
+        return rh, rw
+    if not _is_int(resize):
+        raise bad
+    if resize < max(oh, ow):
+        # The centre crop would need padding; torchvision pads with zeros, which is
+        # almost never wanted for training data.
+        raise ValueError(
+            f"`resize` ({resize}) must be >= the largest side of `size` {(oh, ow)} so the "
+            f"centre crop fits; pass resize >= {max(oh, ow)} or leave it None"
+        )
+    return int(resize)
+
+
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 

@@ -225,17 +225,15 @@ class Sampler:
         n = self.num_samples
         total = len(self) * self._world_size
         if self._cumulative is not None:  # with replacement: exactly `total` draws
-            drawn = weighted_draws(self._cumulative, total, self.seed, self._epoch)
-            mine = np.ascontiguousarray(drawn[self._rank :: self._world_size])
-            mine.flags.writeable = False
-            return mine
-        order = (
-            epoch_permutation(n, self.seed, self._epoch)
-            if self.shuffle
-            else np.arange(n, dtype=np.int64)
-        )
-        # np.resize repeats the head cyclically when padding (even if total > 2n).
-        order = order[:total] if total <= n else np.resize(order, total)
+            order = weighted_draws(self._cumulative, total, self.seed, self._epoch)
+        else:
+            order = (
+                epoch_permutation(n, self.seed, self._epoch)
+                if self.shuffle
+                else np.arange(n, dtype=np.int64)
+            )
+            # np.resize repeats the head cyclically when padding (even if total > 2n).
+            order = order[:total] if total <= n else np.resize(order, total)
         mine = np.ascontiguousarray(order[self._rank : total : self._world_size])
         mine.flags.writeable = False
         return mine

@@ -333,20 +333,15 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
             continue
         key, ext = parts.group(1), parts.group(2).lower()
         where = (member.name, member.offset_data, member.size)
-        if ext in IMAGE_EXTENSIONS:
-            if key in images:
+        if ext in ALL_IMAGE_EXTENSIONS:
+            # Two of one list for a key is an error; a main format wins over the others.
+            chosen = images if ext in IMAGE_EXTENSIONS else others
+            if key in chosen:
                 raise ValueError(
                     f"tar shard {shard!r} has two images for the key {key!r} "
-                    f"({images[key][0]!r} and {member.name!r}); keep one image per key"
+                    f"({chosen[key][0]!r} and {member.name!r}); keep one image per key"
                 )
-            images[key] = where
-        elif ext in OTHER_IMAGE_EXTENSIONS:
-            if key in others:  # as for the main formats (which win over these when present)
-                raise ValueError(
-                    f"tar shard {shard!r} has two images for the key {key!r} "
-                    f"({others[key][0]!r} and {member.name!r}); keep one image per key"
-                )
-            others[key] = where
+            chosen[key] = where
         elif ext == LABEL_EXTENSION:
             if key in labels:
                 raise ValueError(
