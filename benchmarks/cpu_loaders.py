@@ -45,6 +45,8 @@ def systems(n: int) -> dict[str, str]:
     """System name -> description, the peers at ``n`` workers or threads."""
     return {
         "gpu_loader": "gpu_loader ImageLoader(device='cpu'), auto threads",
+        "gpu_loader_per_sample": "the same with LoaderOptions(samples_per_task=1): one sample "
+        "per engine call (the default takes runs of consecutive samples)",
         f"dataloader_pillow_w{n}": f"torch DataLoader, Pillow decode+resize, {n} workers",
         f"dataloader_pillow_w{2 * n}": f"torch DataLoader, Pillow decode+resize, {2 * n} workers",
         f"dataloader_fast_w{n}": "torch DataLoader running gpu_loader's per-sample path "
@@ -150,20 +152,24 @@ def collate(samples: list[tuple[Any, int]]) -> tuple[Any, Any]:
 
 
 # ---------------------------------------------------------------- one iterable per system
-def iter_gpu_loader(data: Path, kind: str) -> Iterator[tuple[Any, Any]]:
-    import gpu_loader as gl
+def iter_gpu_loader(samples_per_task: int | None) -> Callable[[Path, str], Iterator[Any]]:
+    def run(data: Path, kind: str) -> Iterator[tuple[Any, Any]]:
+        import gpu_loader as gl
 
-    loader = gl.ImageLoader(
-        gl.sources.ImageFolder(data),
-        batch_size=BATCH,
-        transform=make_transform(kind),
-        device="cpu",
-        dtype="float32",
-        shuffle=True,
-        seed=0,
-    )
-    with loader:
-        yield from loader
+        loader = gl.ImageLoader(
+            gl.sources.ImageFolder(data),
+            batch_size=BATCH,
+            transform=make_transform(kind),
+            device="cpu",
+            dtype="float32",
+            shuffle=True,
+            seed=0,
+            options=gl.LoaderOptions(samples_per_task=samples_per_task),
+        )
+        with loader:
+            yield from loader
+
+    return run
 
 
 def iter_dataloader(sample_cls: type, workers: int) -> Callable[[Path, str], Iterable[Any]]:
@@ -321,7 +327,8 @@ def runners(n: int) -> dict[str, Callable[[Path, str], Iterable[Any]]]:
         zip(
             systems(n),
             [
-                iter_gpu_loader,
+                iter_gpu_loader(None),
+                iter_gpu_loader(1),
                 iter_dataloader(PillowSample, n),
                 iter_dataloader(PillowSample, 2 * n),
                 iter_dataloader(FastSample, n),
@@ -544,7 +551,7 @@ def summarize(runs: list[dict[str, Any]], base_system: str) -> list[dict[str, An
     ``speedup_vs_baseline`` / ``cpu_vs_baseline``: img/s and CPU-s per image over
     ``base_system`` (DataLoader+Pillow at the peers' worker count) in the same round.
     ``vs_best_other`` (gpu_loader rows): its median img/s over the best median img/s of
-    any other system.
+    any peer (not ``gpu_loader_per_sample``, the same loader with one setting changed).
     """
     import statistics
 
@@ -588,7 +595,10 @@ def summarize(runs: list[dict[str, Any]], base_system: str) -> list[dict[str, An
         others = [
             r
             for r in rows
-            if r["transform"] == kind and r["system"] != "gpu_loader" and r.get("img_per_s")
+            # Peers only: gpu_loader_per_sample is gpu_loader itself with one setting changed.
+            if r["transform"] == kind
+            and not r["system"].startswith("gpu_loader")
+            and r.get("img_per_s")
         ]
         if ours and ours.get("img_per_s") and others:
             best = max(others, key=lambda r: r["img_per_s"])

@@ -45,7 +45,13 @@ from gpu_loader.pipeline import (
     PipelineFailure,
     SlowLane,
 )
-from gpu_loader.pipeline._errors import add_note, limit_failure
+from gpu_loader.pipeline._errors import (
+    MAX_CAUSES,
+    RATE_WARMUP_CALLS,
+    add_note,
+    limit_failure,
+    release_locals,
+)
 from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
@@ -80,6 +86,23 @@ class Task:
 
 def task_key(task: Task) -> str:
     return task.key
+
+
+def run_key(tasks: Sequence[Any]) -> str:
+    """The key of a call that holds several samples (a run of tasks, a GPU batch)."""
+    keys = [t.key for t in tasks]
+    if not keys:
+        return "(no samples)"
+    return keys[0] if len(keys) == 1 else f"{keys[0]} (+{len(keys) - 1} more)"
+
+
+def _each_task(stream: Iterable[Any]) -> Iterator[Any]:
+    """A pipeline's completed runs as single tasks (idle ticks pass through)."""
+    for done in stream:
+        if done is IDLE:
+            yield done
+        else:
+            yield from done
 
 
 class Received:
@@ -163,6 +186,13 @@ class EpochBase:
         self.stopping = threading.Event()
         self.pid = os.getpid()  # its threads exist in this process only
         self.failed_positions: collections.deque[int] = collections.deque()
+        # Failures the path counts per sample itself, where one engine call holds several
+        # samples (a run of CPU tasks, a GPU batch): `check_failure_budget` applies
+        # `max_failures` to them, as the engine does to its one-sample calls.
+        self.kept: list[FailedSample] = []
+        self.kept_causes: list[Exception] = []  # the first errors, for PipelineFailure
+        self.kept_lock = threading.Lock()
+        self.delivered_samples = 0
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
         self._abandoned = False  # the training loop let go of the iterator mid-epoch
@@ -172,20 +202,48 @@ class EpochBase:
     def source(self) -> Iterator[Task]:
         """Positions to run, holding back while `window` samples are in flight."""
         index_of = self.loader.source.key
-        clock = time.perf_counter
         for position in self.start_order():
-            with self.cond:
-                if self.in_flight >= self.window:
-                    began = clock()
-                    while self.in_flight >= self.window and not self.stopping.is_set():
-                        self.cond.wait(0.05)
-                    self.window_wait_s += clock() - began
-                if self.stopping.is_set():
-                    return
-                self.in_flight += 1
-            index = int(self.indices[position])
-            self.batcher.started(position)
-            yield Task(position, index, index_of(index), stream=self.stream_of(position, index))
+            if not self.enter_window():
+                return
+            yield self.task_at(position, index_of)
+
+    def source_runs(self, size: int) -> Iterator[list[Task]]:
+        """`source`'s tasks in runs of up to ``size`` (one read or decode call each). A
+        run in the making goes out as it is once the window is full: its samples may be
+        the ones a batch needs before any room comes back."""
+        index_of = self.loader.source.key
+        run: list[Task] = []
+        for position in self.start_order():
+            if run and self.in_flight >= self.window:  # only this thread adds to it
+                yield run
+                run = []
+            if not self.enter_window():
+                return
+            run.append(self.task_at(position, index_of))
+            if len(run) == size:
+                yield run
+                run = []
+        if run:
+            yield run
+
+    def enter_window(self) -> bool:
+        """Take a place in the in-flight window, waiting for one; False once stopping."""
+        with self.cond:
+            if self.in_flight >= self.window:
+                clock = time.perf_counter
+                began = clock()
+                while self.in_flight >= self.window and not self.stopping.is_set():
+                    self.cond.wait(0.05)
+                self.window_wait_s += clock() - began
+            if self.stopping.is_set():
+                return False
+            self.in_flight += 1
+            return True
+
+    def task_at(self, position: int, index_of: Callable[[int], str]) -> Task:
+        index = int(self.indices[position])
+        self.batcher.started(position)
+        return Task(position, index, index_of(index), stream=self.stream_of(position, index))
 
     def stream_of(self, position: int, index: int) -> int:
         """`Task.stream` for the sample at ``position`` of this rank's epoch."""
@@ -257,6 +315,38 @@ class EpochBase:
 
     def forget(self, position: int) -> None:
         """A failed position's resources can go (the CPU path's straggler rows)."""
+
+    def keep_failure(self, stage: str, key: str, exc: BaseException) -> None:
+        """Record a sample's failure for `check_failure_budget` and `failed_samples`."""
+        with self.kept_lock:
+            self.kept.append(FailedSample(key, stage, f"{type(exc).__name__}: {exc}", self.epoch))
+            if isinstance(exc, Exception) and len(self.kept_causes) < MAX_CAUSES:
+                self.kept_causes.append(exc)
+
+    def check_failure_budget(self, *, final: bool = False) -> None:
+        """Apply `max_failures` to the kept failures, counted per sample: a count at once,
+        a rate once `RATE_WARMUP_CALLS` samples were delivered or failed, and always at
+        the end (``final``), as the engine does for its one-sample calls."""
+        limit = self.loader.max_failures
+        if limit is None:
+            return
+        with self.kept_lock:
+            failed = len(self.kept)
+            causes = list(self.kept_causes)
+            stages = list(dict.fromkeys(f.stage for f in self.kept))
+        done = self.delivered_samples + failed
+        if isinstance(limit, int):
+            over = failed > limit
+        else:
+            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
+        if over:
+            named = " and ".join(repr(s) for s in stages)
+            raise limit_failure(
+                f"stage{'s' if len(stages) > 1 else ''} {named}: {failed} of {done} "
+                f"sample(s) failed, past max_failures={limit!r}; see failed_samples() for "
+                "every key",
+                causes or [RuntimeError(f"{named} failures")],
+            )
 
     def feed_batcher(
         self,
@@ -546,28 +636,38 @@ class CpuEpoch(EpochBase):
             )
         order: Literal["completion"] = "completion"
         self.decode_lane = self.slow_lane(loader.decode_threads)
+        # Ordered mode runs its samples in runs of consecutive positions, one engine call
+        # per run and stage: the per-call costs under the GIL (queue hops, counters, stage
+        # bookkeeping) are paid once per run, not per sample. Straggler mode keeps one
+        # sample per call: its slow lane moves single samples.
+        self.run_size = loader._samples_per_task()
+        runs = self.run_size > 1
         self.pipeline = (
             PipelineBuilder()
-            .add_source(self.source(), backpressure_s=self.backpressure_s)
+            .add_source(
+                self.source_runs(self.run_size) if runs else self.source(),
+                backpressure_s=self.backpressure_s,
+            )
             .pipe(
-                self.read,
+                self.read_run if runs else self.read,
                 concurrency=loader.io_threads,
                 name="read",
                 output_order=order,
-                max_failures=loader.max_failures,
-                key_fn=task_key,
+                # A run's samples fail one by one, counted by `check_failure_budget`.
+                max_failures=None if runs else loader.max_failures,
+                key_fn=run_key if runs else task_key,
                 slow_lane=self.slow_lane(loader.io_threads),
             )
             .pipe(
-                self.decode,
+                self.decode_run if runs else self.decode,
                 concurrency=loader.decode_threads,
                 name="decode",
                 output_order=order,
-                max_failures=loader.max_failures,
-                key_fn=task_key,
+                max_failures=None if runs else loader.max_failures,
+                key_fn=run_key if runs else task_key,
                 slow_lane=self.decode_lane,
             )
-            .add_sink(buffer_size=max(2, loader.batch_size))
+            .add_sink(buffer_size=max(2, loader.batch_size // self.run_size))
             .build()
         )
         self.feeds(self.pipeline)
@@ -590,20 +690,11 @@ class CpuEpoch(EpochBase):
         return task
 
     def decode(self, task: Task) -> Task:
-        loader = self.loader
         rows = self.rows
         placed = rows.place(task.position, len(task.data or b"")) if rows is not None else None
         try:
             out = placed.array if placed is not None else self.slot(task.position)
-            load_into(
-                task.data or b"",
-                loader.transform,
-                sample_stream(loader.seed, self.epoch, task.stream),
-                out,
-                dtype=loader.dtype,
-                key=task.key,
-                max_pixels=loader.options.max_pixels,
-            )
+            self.load(task, out)
         except BaseException:
             if placed is not None and self.rows is not None:
                 self.rows.finished(placed, ok=False)
@@ -614,6 +705,63 @@ class CpuEpoch(EpochBase):
         task.data = None
         task.out = placed
         return task
+
+    def load(self, task: Task, out: np.ndarray) -> None:
+        loader = self.loader
+        load_into(
+            task.data or b"",
+            loader.transform,
+            sample_stream(loader.seed, self.epoch, task.stream),
+            out,
+            dtype=loader.dtype,
+            key=task.key,
+            max_pixels=loader.options.max_pixels,
+        )
+
+    # Ordered mode's runs (see `__init__`): each sample that fails is recorded and left
+    # out of the run; the rest go on.
+    def read_run(self, run: list[Task]) -> list[Task]:
+        read = self.loader.source.read
+        kept: list[Task] = []
+        for i, task in enumerate(run):
+            try:
+                task.data = read(task.index)
+            except Exception as exc:
+                self.run_failure("read", task, exc)
+            except BaseException:
+                self.abandon(run[i:])
+                raise
+            else:
+                kept.append(task)
+        return kept
+
+    def decode_run(self, run: list[Task]) -> list[Task]:
+        kept: list[Task] = []
+        for i, task in enumerate(run):
+            try:
+                self.load(task, self.slot(task.position))
+            except Exception as exc:
+                self.run_failure("decode", task, exc)
+            except BaseException:
+                self.abandon(run[i:])
+                raise
+            else:
+                task.data = None
+                kept.append(task)
+        return kept
+
+    def run_failure(self, stage: str, task: Task, exc: Exception) -> None:
+        """One sample of a run failed: recorded as the engine records a failed call."""
+        add_note(exc, f"stage: {stage}, sample: {task.key}")
+        if self.loader.on_error == "skip":
+            release_locals(exc)  # kept until the epoch ends: not with the sample's bytes
+        self.keep_failure(stage, task.key, exc)
+        self.note_failure(task.position)
+
+    def abandon(self, tasks: Sequence[Task]) -> None:
+        """A run cut short (the epoch is stopping): free its samples' places."""
+        for task in tasks:
+            self.note_failure(task.position)
 
     def forget(self, position: int) -> None:
         if self.rows is not None:
@@ -656,6 +804,8 @@ class CpuEpoch(EpochBase):
             # Idle ticks: a failure noted after the last completion must still reach the
             # batcher, or a window full of samples waiting for it would never move.
             stream = self.pipeline.iterate(idle_s=IDLE_TICK_S)
+            if self.run_size > 1:
+                stream = _each_task(stream)
             self.former = threading.Thread(
                 target=self.form, args=(stream,), name="gpu_loader-batcher", daemon=True
             )
@@ -718,10 +868,13 @@ class CpuEpoch(EpochBase):
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
         item = self.take_formed()
         if item is None:
+            self.check_failure_budget(final=True)
             return None
         if isinstance(item, BaseException):
             raise item
         images, labels, positions = item
+        self.delivered_samples += len(positions)
+        self.check_failure_budget()
         device = self.loader.device
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)
@@ -796,10 +949,21 @@ class CpuEpoch(EpochBase):
 
     # -- failures and shutdown -------------------------------------------------------------
     def stage_failures(self) -> list[FailedSample]:
-        return [as_failed(r, self.epoch) for r in self.pipeline.failures()]
+        with self.kept_lock:
+            kept = list(self.kept)
+        return [as_failed(r, self.epoch) for r in self.pipeline.failures()] + kept
 
     def engine_stats(self) -> Any:
-        return self.pipeline.stats()
+        stats = self.pipeline.stats()
+        if self.run_size == 1:
+            return stats
+        # A run's failed samples are kept here, not by the engine: count them per stage.
+        with self.kept_lock:
+            failed = collections.Counter(f.stage for f in self.kept)
+        stages = tuple(
+            dataclasses.replace(s, failures=s.failures + failed[s.name]) for s in stats.stages
+        )
+        return dataclasses.replace(stats, stages=stages)
 
     def shutdown(self) -> None:
         self.pipeline.close()

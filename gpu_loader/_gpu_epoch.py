@@ -15,17 +15,15 @@ batcher and yields the batches it forms. Per-sample decode failures come back in
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, task_key
+from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, run_key, task_key
 from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder
-from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS, limit_failure
 
 if TYPE_CHECKING:
     import torch
@@ -55,10 +53,6 @@ class GpuEpoch(EpochBase):
         self.ports = loader._gpu_ports()
         self.arena, self.pixel_arena = loader._gpu_arenas(self.ports)
         self.workers = loader._gpu_workers(self.ports)
-        self.gpu_failures: list[FailedSample] = []
-        self.gpu_failures_lock = threading.Lock()
-        self.gpu_causes: list[Exception] = []  # the first GPU decode errors, for PipelineFailure
-        self.delivered_samples = 0
         fetcher = GpuFetcher(
             loader.source,
             self.arena,
@@ -115,7 +109,7 @@ class GpuEpoch(EpochBase):
                 # Counted per sample by `check_failure_budget`: a batch that fails whole
                 # is one call here, but batch_size samples.
                 max_failures=None,
-                key_fn=_batch_key,
+                key_fn=run_key,
                 worker_init=self.workers.acquire,
             )
             .add_sink(buffer_size=opts.prefetch_batches)
@@ -142,12 +136,8 @@ class GpuEpoch(EpochBase):
             raise
 
     def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
-        with self.gpu_failures_lock:
-            for _, key, exc in failed:
-                error = f"{type(exc).__name__}: {exc}"
-                self.gpu_failures.append(FailedSample(key, "gpu_decode", error, self.epoch))
-                if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
-                    self.gpu_causes.append(exc)
+        for _, key, exc in failed:
+            self.keep_failure("gpu_decode", key, exc)
         for position, _, _ in failed:
             self.remember_failure(position)
         self.release(len(failed))
@@ -178,33 +168,10 @@ class GpuEpoch(EpochBase):
                     batch.event.synchronize()
                 return images, labels, batch.positions
 
-    def check_failure_budget(self, *, final: bool = False) -> None:
-        """Apply `max_failures` to GPU decode failures, counted per sample (the engine
-        sees a batch as one call): a count at once, a rate once `RATE_WARMUP_CALLS`
-        samples were decoded or failed, and always at the end (``final``), as the
-        engine does for the CPU stages."""
-        limit = self.loader.max_failures
-        if limit is None:
-            return
-        with self.gpu_failures_lock:
-            failed = len(self.gpu_failures)
-            causes = list(self.gpu_causes)
-        done = self.delivered_samples + failed
-        if isinstance(limit, int):
-            over = failed > limit
-        else:
-            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
-        if over:
-            raise limit_failure(
-                f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "
-                f"max_failures={limit!r}; see failed_samples() for every key",
-                causes or [RuntimeError("GPU decode failures")],
-            )
-
     # -- failures and shutdown ---------------------------------------------------------
     def stage_failures(self) -> list[FailedSample]:
-        with self.gpu_failures_lock:
-            gpu = list(self.gpu_failures)
+        with self.kept_lock:
+            gpu = list(self.kept)
         fetched = [
             as_failed(r, self.epoch)
             for r in self.fetch_pipeline.failures()
@@ -240,8 +207,3 @@ class GpuEpoch(EpochBase):
         # every worker has joined, so none can still be read.
         self.arena.reset()
         self.pixel_arena.reset()
-
-
-def _batch_key(samples: Sequence[FetchedSample]) -> str:
-    keys = [s.key for s in samples]
-    return keys[0] if len(keys) == 1 else f"{keys[0]} (+{len(keys) - 1} in the batch)"

@@ -29,6 +29,8 @@ def test_ratios_are_taken_within_a_round_then_the_median() -> None:
         run(1, "dali_cpu", 400.0, 1.5),
         run(2, "gpu_loader", 900.0, 1.2),
         run(2, "dataloader_pillow_w2", 300.0, 2.4),
+        # gpu_loader with one setting changed: not a peer, even when it is the fastest.
+        run(0, "gpu_loader_per_sample", 2000.0, 1.0),
         {"round": 2, "transform": "train", "system": "dali_cpu", "error": "exit 1"},
     ]
     rows = {r["system"]: r for r in summarize(runs, "dataloader_pillow_w2")}
@@ -58,6 +60,7 @@ def test_peers_scale_with_the_machine() -> None:
     assert "16 threads" in names["spdl_fast"] and "16 threads" in names["dali_cpu"]
     assert list(systems(2)) == [
         "gpu_loader",
+        "gpu_loader_per_sample",
         "dataloader_pillow_w2",
         "dataloader_pillow_w4",
         "dataloader_fast_w2",

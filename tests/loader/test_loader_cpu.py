@@ -173,12 +173,17 @@ def test_each_batch_names_its_samples_row_for_row(
         moved.keys()
 
 
-@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+# Ordered mode one sample per call and in runs of 4 (a run's failed samples are kept by
+# the epoch, not the engine); straggler mode always one per call.
+@pytest.mark.parametrize(
+    ("batching", "per_task"), [("ordered", 1), ("ordered", 4), ("straggler", 1)]
+)
 def test_bad_files_are_reported_and_the_rest_delivered_once(
-    bad_list: tuple[FileList, set[str]], batching: str
+    bad_list: tuple[FileList, set[str]], batching: str, per_task: int
 ) -> None:
     source, bad_keys = bad_list
-    loader = make(source, batching=batching, max_failures=None)
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(source, batching=batching, max_failures=None, options=options)
     for epoch in range(2):
         loader.set_epoch(epoch)
         labels = labels_of(run_epoch(loader))
@@ -194,6 +199,8 @@ def test_bad_files_are_reported_and_the_rest_delivered_once(
     assert {f.key: f for f in loader.failed_samples(epoch=0)} == by_key
     assert loader.failed_samples(np.int64(1)) == loader.failed_samples(1)
     assert loader.stats().failures == len(failed) == 10
+    stage_failures = {s.name: s.failures for s in loader.stats().stages}
+    assert stage_failures["read"] == 1 and stage_failures["decode"] == 4  # the last epoch's
     # A file failing every epoch keeps one error text (records are kept for every epoch).
     again = {f.key: f for f in loader.failed_samples(1)}
     assert all(again[k].error is by_key[k].error for k in bad_keys)
@@ -221,9 +228,11 @@ def test_failure_records_of_every_epoch_share_their_key_and_error_text(
         loader.failed_samples("0")  # type: ignore[arg-type]
 
 
-def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> None:
+@pytest.mark.parametrize("per_task", [1, 4])
+def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]], per_task: int) -> None:
     source, bad_keys = bad_list
-    loader = make(source, on_error="raise", shuffle=False)
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(source, on_error="raise", shuffle=False, options=options)
     with pytest.raises(PipelineFailure) as info:
         run_epoch(loader)
     text = "\n".join(
@@ -231,6 +240,7 @@ def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> No
         + [str(e) + " " + " ".join(getattr(e, "__notes__", [])) for e in info.value.exceptions]
     )
     assert any(key in text for key in bad_keys)
+    assert "stage: read, sample: " in text or "stage: decode, sample: " in text
     # The loader's own words: the engine's would advise raising max_failures, which this
     # mode ignores.
     message = str(info.value)
@@ -240,11 +250,16 @@ def test_on_error_raise_names_the_key(bad_list: tuple[FileList, set[str]]) -> No
     assert info.value.limit_reached
 
 
-def test_too_many_failures_raise_pipeline_failure(bad_list: tuple[FileList, set[str]]) -> None:
+@pytest.mark.parametrize("per_task", [1, 4])
+def test_too_many_failures_raise_pipeline_failure(
+    bad_list: tuple[FileList, set[str]], per_task: int
+) -> None:
     source, bad_keys = bad_list
-    loader = make(source, max_failures=2, shuffle=False)
-    with pytest.raises(PipelineFailure):
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(source, max_failures=2, shuffle=False, options=options)
+    with pytest.raises(PipelineFailure) as info:
         run_epoch(loader)
+    assert info.value.limit_reached and "max_failures" in str(info.value)
     # Each failure is listed once, also while the raising epoch's iterator is still alive.
     failed = loader.failed_samples()
     assert failed and {f.key for f in failed} <= bad_keys
@@ -266,14 +281,20 @@ def test_cost_lookahead_leaves_a_missing_file_to_its_read(
     assert failed[next(k for k in bad_keys if k.endswith("missing.jpg"))] == "read"
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_ordered_batches_do_not_depend_on_thread_count(unique_list: FileList, threads: int) -> None:
-    ref = run_epoch(make(unique_list, seed=5, options=gl.LoaderOptions(decode_threads=2)))
+@pytest.mark.parametrize(("threads", "per_task"), [(1, 1), (3, 1), (1, 8), (3, 3)])
+def test_ordered_batches_do_not_depend_on_thread_count(
+    unique_list: FileList, threads: int, per_task: int
+) -> None:
+    ref = run_epoch(
+        make(unique_list, seed=5, options=gl.LoaderOptions(decode_threads=2, samples_per_task=1))
+    )
     got = run_epoch(
         make(
             unique_list,
             seed=5,
-            options=gl.LoaderOptions(decode_threads=threads, io_threads=threads),
+            options=gl.LoaderOptions(
+                decode_threads=threads, io_threads=threads, samples_per_task=per_task
+            ),
         )
     )
     assert len(ref) == len(got)
@@ -292,12 +313,13 @@ def test_epochs_reshuffle_and_random_crops_change(unique_list: FileList) -> None
     assert labels_of(run_epoch(loader)) == labels_of(first)
 
 
-@pytest.mark.parametrize("stop_after", [0, 1, 3, 5])
+@pytest.mark.parametrize(("stop_after", "per_task"), [(0, 1), (1, 1), (3, 5), (5, 1), (5, 3)])
 def test_resume_mid_epoch_yields_exactly_the_remaining_batches(
-    unique_list: FileList, stop_after: int
+    unique_list: FileList, stop_after: int, per_task: int
 ) -> None:
     full = run_epoch(make(unique_list, seed=2))
-    loader = make(unique_list, seed=2)
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(unique_list, seed=2, options=options)
     it = iter(loader)
     for _ in range(stop_after):
         next(it)
@@ -900,6 +922,10 @@ def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: Fil
         ("progress", "yes", "progress"),
         ("monitor_gpu", 1, "monitor_gpu"),
         ("pin_memory", "auto", "pin_memory"),
+        ("samples_per_task", 0, "samples_per_task"),
+        ("samples_per_task", True, "samples_per_task"),
+        ("samples_per_task", 2.0, "samples_per_task"),
+        ("decode_threads", True, "decode_threads"),
     ],
 )
 def test_options_are_checked_when_made(field: str, value: Any, match: str) -> None:
@@ -989,3 +1015,30 @@ def test_cost_lookahead_is_validated_and_ignored_in_ordered_mode(unique_list: Fi
         assert list(epoch.start_order()) == list(range(len(unique_list)))
     finally:
         epoch.close()
+
+
+def test_ordered_runs_take_fewer_calls_and_a_window_smaller_than_a_run_still_moves(
+    unique_list: FileList,
+) -> None:
+    n = len(unique_list)
+    calls = {}
+    for per_task in (1, 8):
+        loader = make(unique_list, options=gl.LoaderOptions(samples_per_task=per_task))
+        assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+        calls[per_task] = {s.name: s.tasks_done for s in loader.stats().stages}
+    assert calls[1]["decode"] == calls[1]["read"] == n
+    # Runs end early only where the window is full, so most calls carry 8 samples.
+    assert n / 8 <= calls[8]["decode"] < n / 2 and n / 8 <= calls[8]["read"] < n / 2
+    # A window of 4 samples (batch 2, one batch ahead, no lateness) against runs of 8: a
+    # run in the making goes out when the window fills, or no batch could ever complete.
+    small = gl.LoaderOptions(samples_per_task=8, prefetch_batches=1, max_delay_batches=0)
+    loader = make(unique_list, batch_size=2, options=small)
+    assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+
+
+def test_straggler_mode_runs_one_sample_per_call(unique_list: FileList) -> None:
+    with pytest.raises(ValueError, match=r"samples_per_task=4.*batching='ordered'"):
+        make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=4))
+    loader = make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=1))
+    run_epoch(loader)
+    assert {s.name: s.tasks_done for s in loader.stats().stages}["decode"] == len(unique_list)
