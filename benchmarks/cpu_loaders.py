@@ -362,12 +362,12 @@ def measure(system: str, data: Path, kind: str, peer_workers: int) -> dict[str, 
     if close is not None:
         close()
     del iterator  # worker processes exit and are reaped, so their CPU time is counted
-    _, cpu = timer.stop()
-    if timed < MIN_TIMED_BATCHES:
+    if timed < MIN_TIMED_BATCHES:  # a system that dropped every sample lands here too
         raise ValueError(
             f"only {timed} batches after the {WARMUP_BATCHES} warm-up ones: too few to time; "
             f"use a folder of at least {(WARMUP_BATCHES + MIN_TIMED_BATCHES) * BATCH} images"
         )
+    _, cpu = timer.stop()
     wall = last - timer.t0
     return {
         "images": images,
@@ -395,7 +395,16 @@ def available(system: str) -> str | None:
         found = importlib.util.find_spec(need) is not None
     except ImportError:
         found = False
-    return None if found else f"{need} is not installed (pip install 'gpu-loader[bench]')"
+    if not found:
+        return f"{need} is not installed (pip install 'gpu-loader[bench]')"
+    if system == "spdl_io":  # spdl.io decodes with the machine's FFmpeg shared libraries
+        try:
+            from spdl.io.lib import _import_libspdl
+
+            _import_libspdl()
+        except Exception as exc:
+            return f"spdl.io cannot load FFmpeg here ({str(exc)[:160]})"
+    return None
 
 
 def ensure_dataset(data: Path | None, num_images: int) -> Path:

@@ -46,8 +46,7 @@ from gpu_loader.pipeline import (
     SlowLane,
 )
 from gpu_loader.pipeline._errors import (
-    MAX_CAUSES,
-    RATE_WARMUP_CALLS,
+    FailurePolicy,
     add_note,
     limit_failure,
     release_locals,
@@ -186,13 +185,6 @@ class EpochBase:
         self.stopping = threading.Event()
         self.pid = os.getpid()  # its threads exist in this process only
         self.failed_positions: collections.deque[int] = collections.deque()
-        # Failures the path counts per sample itself, where one engine call holds several
-        # samples (a run of CPU tasks, a GPU batch): `check_failure_budget` applies
-        # `max_failures` to them, as the engine does to its one-sample calls.
-        self.kept: list[FailedSample] = []
-        self.kept_causes: list[Exception] = []  # the first errors, for PipelineFailure
-        self.kept_lock = threading.Lock()
-        self.delivered_samples = 0
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
         self._abandoned = False  # the training loop let go of the iterator mid-epoch
@@ -315,38 +307,6 @@ class EpochBase:
 
     def forget(self, position: int) -> None:
         """A failed position's resources can go (the CPU path's straggler rows)."""
-
-    def keep_failure(self, stage: str, key: str, exc: BaseException) -> None:
-        """Record a sample's failure for `check_failure_budget` and `failed_samples`."""
-        with self.kept_lock:
-            self.kept.append(FailedSample(key, stage, f"{type(exc).__name__}: {exc}", self.epoch))
-            if isinstance(exc, Exception) and len(self.kept_causes) < MAX_CAUSES:
-                self.kept_causes.append(exc)
-
-    def check_failure_budget(self, *, final: bool = False) -> None:
-        """Apply `max_failures` to the kept failures, counted per sample: a count at once,
-        a rate once `RATE_WARMUP_CALLS` samples were delivered or failed, and always at
-        the end (``final``), as the engine does for its one-sample calls."""
-        limit = self.loader.max_failures
-        if limit is None:
-            return
-        with self.kept_lock:
-            failed = len(self.kept)
-            causes = list(self.kept_causes)
-            stages = list(dict.fromkeys(f.stage for f in self.kept))
-        done = self.delivered_samples + failed
-        if isinstance(limit, int):
-            over = failed > limit
-        else:
-            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
-        if over:
-            named = " and ".join(repr(s) for s in stages)
-            raise limit_failure(
-                f"stage{'s' if len(stages) > 1 else ''} {named}: {failed} of {done} "
-                f"sample(s) failed, past max_failures={limit!r}; see failed_samples() for "
-                "every key",
-                causes or [RuntimeError(f"{named} failures")],
-            )
 
     def feed_batcher(
         self,
@@ -642,6 +602,12 @@ class CpuEpoch(EpochBase):
         # sample per call: its slow lane moves single samples.
         self.run_size = loader._samples_per_task()
         runs = self.run_size > 1
+        # A run's failed samples are recorded here with the engine's own rules, per stage
+        # and per sample: `run_calls` counts the samples each stage has finished.
+        self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
+        self.run_calls = dict.fromkeys(self.run_policies, 0)
+        self.run_calls_lock = threading.Lock()
+        self.run_error: PipelineFailure | None = None
         self.pipeline = (
             PipelineBuilder()
             .add_source(
@@ -653,8 +619,7 @@ class CpuEpoch(EpochBase):
                 concurrency=loader.io_threads,
                 name="read",
                 output_order=order,
-                # A run's samples fail one by one, counted by `check_failure_budget`.
-                max_failures=None if runs else loader.max_failures,
+                max_failures=None if runs else loader.max_failures,  # see run_policies
                 key_fn=run_key if runs else task_key,
                 slow_lane=self.slow_lane(loader.io_threads),
             )
@@ -719,49 +684,81 @@ class CpuEpoch(EpochBase):
         )
 
     # Ordered mode's runs (see `__init__`): each sample that fails is recorded and left
-    # out of the run; the rest go on.
+    # out of the run; the rest go on. A stopping epoch ends a run after its current sample
+    # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
         read = self.loader.source.read
         kept: list[Task] = []
         for i, task in enumerate(run):
+            if self.stopping.is_set():
+                break
             try:
                 task.data = read(task.index)
             except Exception as exc:
-                self.run_failure("read", task, exc)
+                self.run_failure("read", task, exc, i)
             except BaseException:
                 self.abandon(run[i:])
                 raise
             else:
                 kept.append(task)
+        self.run_done("read", len(run))
         return kept
 
     def decode_run(self, run: list[Task]) -> list[Task]:
         kept: list[Task] = []
         for i, task in enumerate(run):
+            if self.stopping.is_set():
+                break
             try:
                 self.load(task, self.slot(task.position))
             except Exception as exc:
-                self.run_failure("decode", task, exc)
+                self.run_failure("decode", task, exc, i)
             except BaseException:
                 self.abandon(run[i:])
                 raise
             else:
                 task.data = None
                 kept.append(task)
+        self.run_done("decode", len(run))
         return kept
 
-    def run_failure(self, stage: str, task: Task, exc: Exception) -> None:
-        """One sample of a run failed: recorded as the engine records a failed call."""
+    def run_done(self, stage: str, samples: int) -> None:
+        with self.run_calls_lock:
+            self.run_calls[stage] += samples
+
+    def run_failure(self, stage: str, task: Task, exc: Exception, place: int) -> None:
+        """Sample ``place`` of a run failed: recorded as the engine records a failed call
+        (note, record, ``max_failures`` per stage over the samples it has finished), then
+        the resume record and the batcher are told, in `note_failure`'s order."""
         add_note(exc, f"stage: {stage}, sample: {task.key}")
-        if self.loader.on_error == "skip":
+        self.remember_failure(task.position)
+        with self.run_calls_lock:
+            calls = self.run_calls[stage] + place + 1
+        record = FailureRecord(stage=stage, key=task.key, error=exc)
+        error = self.run_policies[stage].record(record, calls=calls)
+        if error is None:
             release_locals(exc)  # kept until the epoch ends: not with the sample's bytes
-        self.keep_failure(stage, task.key, exc)
-        self.note_failure(task.position)
+        elif self.run_error is None:
+            self.run_error = error  # raised by the training loop's next `next_batch`
+        # Last: once the batcher knows, the batch can go without the sample, and with
+        # on_error="raise" the training loop must find `run_error` set by then.
+        self.failed_positions.append(task.position)
 
     def abandon(self, tasks: Sequence[Task]) -> None:
-        """A run cut short (the epoch is stopping): free its samples' places."""
-        for task in tasks:
-            self.note_failure(task.position)
+        """A run cut short by a fatal error: free its samples' places in the window (not
+        recorded as failed: a resume runs them again)."""
+        self.failed_positions.extend(task.position for task in tasks)
+
+    def check_runs(self, *, final: bool = False) -> None:
+        """Raise a run failure past ``max_failures``; at the end, check the rates too."""
+        if self.run_error is not None:
+            raise self.run_error
+        if final and self.run_size > 1:
+            with self.run_calls_lock:
+                calls = dict(self.run_calls)
+            for stage, policy in self.run_policies.items():
+                if (error := policy.check_final(calls[stage])) is not None:
+                    raise error
 
     def forget(self, position: int) -> None:
         if self.rows is not None:
@@ -868,13 +865,12 @@ class CpuEpoch(EpochBase):
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
         item = self.take_formed()
         if item is None:
-            self.check_failure_budget(final=True)
+            self.check_runs(final=True)
             return None
         if isinstance(item, BaseException):
             raise item
+        self.check_runs()
         images, labels, positions = item
-        self.delivered_samples += len(positions)
-        self.check_failure_budget()
         device = self.loader.device
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)
@@ -949,19 +945,22 @@ class CpuEpoch(EpochBase):
 
     # -- failures and shutdown -------------------------------------------------------------
     def stage_failures(self) -> list[FailedSample]:
-        with self.kept_lock:
-            kept = list(self.kept)
-        return [as_failed(r, self.epoch) for r in self.pipeline.failures()] + kept
+        records = self.pipeline.failures()
+        for policy in self.run_policies.values():
+            records += policy.records()
+        return [as_failed(r, self.epoch) for r in records]
 
     def engine_stats(self) -> Any:
         stats = self.pipeline.stats()
         if self.run_size == 1:
             return stats
-        # A run's failed samples are kept here, not by the engine: count them per stage.
-        with self.kept_lock:
-            failed = collections.Counter(f.stage for f in self.kept)
+        # A run's failed samples are recorded here, not by the engine.
+        policies = self.run_policies
         stages = tuple(
-            dataclasses.replace(s, failures=s.failures + failed[s.name]) for s in stats.stages
+            dataclasses.replace(s, failures=s.failures + policies[s.name].failures())
+            if s.name in policies
+            else s
+            for s in stats.stages
         )
         return dataclasses.replace(stats, stages=stages)
 

@@ -15,6 +15,7 @@ batcher and yields the batches it forms. Per-sample decode failures come back in
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder
+from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS, limit_failure
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +55,10 @@ class GpuEpoch(EpochBase):
         self.ports = loader._gpu_ports()
         self.arena, self.pixel_arena = loader._gpu_arenas(self.ports)
         self.workers = loader._gpu_workers(self.ports)
+        self.gpu_failures: list[FailedSample] = []
+        self.gpu_failures_lock = threading.Lock()
+        self.gpu_causes: list[Exception] = []  # the first GPU decode errors, for PipelineFailure
+        self.delivered_samples = 0
         fetcher = GpuFetcher(
             loader.source,
             self.arena,
@@ -136,8 +142,12 @@ class GpuEpoch(EpochBase):
             raise
 
     def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
-        for _, key, exc in failed:
-            self.keep_failure("gpu_decode", key, exc)
+        with self.gpu_failures_lock:
+            for _, key, exc in failed:
+                error = f"{type(exc).__name__}: {exc}"
+                self.gpu_failures.append(FailedSample(key, "gpu_decode", error, self.epoch))
+                if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
+                    self.gpu_causes.append(exc)
         for position, _, _ in failed:
             self.remember_failure(position)
         self.release(len(failed))
@@ -168,10 +178,33 @@ class GpuEpoch(EpochBase):
                     batch.event.synchronize()
                 return images, labels, batch.positions
 
+    def check_failure_budget(self, *, final: bool = False) -> None:
+        """Apply `max_failures` to GPU decode failures, counted per sample (the engine
+        sees a batch as one call): a count at once, a rate once `RATE_WARMUP_CALLS`
+        samples were decoded or failed, and always at the end (``final``), as the
+        engine does for the CPU stages."""
+        limit = self.loader.max_failures
+        if limit is None:
+            return
+        with self.gpu_failures_lock:
+            failed = len(self.gpu_failures)
+            causes = list(self.gpu_causes)
+        done = self.delivered_samples + failed
+        if isinstance(limit, int):
+            over = failed > limit
+        else:
+            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
+        if over:
+            raise limit_failure(
+                f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "
+                f"max_failures={limit!r}; see failed_samples() for every key",
+                causes or [RuntimeError("GPU decode failures")],
+            )
+
     # -- failures and shutdown ---------------------------------------------------------
     def stage_failures(self) -> list[FailedSample]:
-        with self.kept_lock:
-            gpu = list(self.kept)
+        with self.gpu_failures_lock:
+            gpu = list(self.gpu_failures)
         fetched = [
             as_failed(r, self.epoch)
             for r in self.fetch_pipeline.failures()

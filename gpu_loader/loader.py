@@ -81,7 +81,7 @@ class LoaderOptions:
     samples_per_task: int | None = None
     """CPU decode path, ``ordered`` mode: consecutive samples one read or decode call
     takes (default: up to 8, as many as leave two runs per read and decode thread in the
-    in-flight window). Fewer calls per sample spend less time under the GIL in the
+    in-flight window and spread a batch over every I/O thread). Fewer calls per sample spend less time under the GIL in the
     engine's hand-offs (the ordered CPU path used ~30-50% less CPU per image with runs of
     8 than of 1 in a zero-cost-decode test). ``straggler`` mode and the GPU path run one
     sample per call."""
@@ -748,9 +748,12 @@ class ImageLoader:
         opts = self.options
         if opts.samples_per_task is not None:
             return opts.samples_per_task
-        # Two runs per thread fit in the in-flight window, so no thread waits for work.
+        # Two runs per thread fit in the in-flight window, so no thread waits for work,
+        # and a batch's reads spread over every I/O thread (a run reads one file after
+        # another: with slow remote reads a long run delays its batch).
         window = self.batch_size * (opts.prefetch_batches + opts.max_delay_batches + 1)
-        return max(1, min(8, window // (2 * (self.io_threads + self.decode_threads))))
+        threads = self.io_threads + self.decode_threads
+        return max(1, min(8, window // (2 * threads), self.batch_size // self.io_threads))
 
     def _sample_spares(self) -> collections.deque[torch.Tensor]:
         """Straggler mode's private sample tensors (CPU path), kept across epochs."""

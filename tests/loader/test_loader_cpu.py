@@ -1042,3 +1042,71 @@ def test_straggler_mode_runs_one_sample_per_call(unique_list: FileList) -> None:
     loader = make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=1))
     run_epoch(loader)
     assert {s.name: s.tasks_done for s in loader.stats().stages}["decode"] == len(unique_list)
+
+
+def _with_holes(
+    photo_dir: Path, tmp_path: Path, n: int, missing: set[int], corrupt: set[int]
+) -> FileList:
+    good = str(image_files(photo_dir)[0])
+    (tmp_path / "bad.jpg").write_bytes(b"not an image")
+    items = []
+    for i in range(n):
+        path = str(tmp_path / f"gone{i}.jpg") if i in missing else good
+        items.append((str(tmp_path / "bad.jpg") if i in corrupt else path, i))
+    return FileList(items)
+
+
+def test_a_failure_rate_under_max_failures_never_stops_runs(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # 3 of 400 reads fail, under the default 1% at every point (1 of 151, 2 of 261, 3 of
+    # 391). Samples run up to the window (160) ahead of the training loop: the rate counts
+    # what each stage has finished, not what the training loop has been handed (2 of ~100).
+    source = _with_holes(photo_dir, tmp_path, 400, missing={150, 260, 390}, corrupt=set())
+    options = gl.LoaderOptions(samples_per_task=8, io_threads=1, decode_threads=1)
+    loader = make(source, batch_size=32, shuffle=False, options=options)
+    labels = []
+    for _, y in loader:
+        labels += y.tolist()
+        time.sleep(0.02)  # a training step: the window fills ahead of it
+    assert len(labels) == 397 and len(loader.failed_samples()) == 3
+
+
+@pytest.mark.parametrize("per_task", [1, 4])
+def test_an_int_max_failures_counts_each_stage_apart(
+    photo_dir: Path, tmp_path: Path, per_task: int
+) -> None:
+    source = _with_holes(photo_dir, tmp_path, 64, missing={5, 30}, corrupt={12, 50})
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(source, max_failures=2, shuffle=False, options=options)
+    assert len(labels_of(run_epoch(loader))) == 60  # 2 read and 2 decode failures: at the limit
+    assert Counter(f.stage for f in loader.failed_samples()) == {"read": 2, "decode": 2}
+    loader = make(
+        _with_holes(photo_dir, tmp_path, 64, missing={5, 30, 40}, corrupt={12}),
+        max_failures=2,
+        shuffle=False,
+        options=options,
+    )
+    with pytest.raises(PipelineFailure, match="read") as info:
+        run_epoch(loader)
+    assert info.value.limit_reached
+
+
+def test_closing_ends_a_run_of_slow_reads_after_the_current_one(unique_list: FileList) -> None:
+    started: list[float] = []
+
+    class SlowReads(FileList):
+        def read(self, index: int) -> bytes:
+            started.append(time.perf_counter())
+            time.sleep(0.05)
+            return super().read(index)
+
+    source = SlowReads([(unique_list.key(i), i) for i in range(len(unique_list))])
+    options = gl.LoaderOptions(samples_per_task=8, io_threads=2)
+    loader = make(source, batch_size=8, options=options)
+    it = iter(loader)
+    next(it)
+    closing = time.perf_counter()
+    loader.close()
+    # Each I/O thread finishes the read it is in and starts no other of its run.
+    assert sum(t > closing for t in started) <= 2
