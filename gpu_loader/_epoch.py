@@ -162,8 +162,6 @@ class EpochBase:
         self.loader = loader
         self.epoch = loader.epoch
         self.indices = loader.sampler.indices()
-        opts = loader.options
-        size = loader.batch_size
         n = len(self.indices)
         self.batcher = make_batcher(loader, n)
         if resume is not None:
@@ -174,9 +172,7 @@ class EpochBase:
         keeps their positions, not their errors (the loader keeps the real records when
         it still has them)."""
         self.todo = self.batcher.remaining_positions()
-        # (D + 1) * B lets fast samples run ahead by the full lateness bound; the batching
-        # README shows a smaller window can deadlock.
-        self.window = size * (opts.prefetch_batches + opts.max_delay_batches + 1)
+        self.window = loader._window()
         self.in_flight = 0
         self.window_wait_s = 0.0
         """Seconds `source` has waited for room in the window (the engine's back-pressure:
@@ -688,38 +684,35 @@ class CpuEpoch(EpochBase):
     # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
         read = self.loader.source.read
-        kept: list[Task] = []
-        for i, task in enumerate(run):
-            if self.stopping.is_set():
-                break
-            try:
-                task.data = read(task.index)
-            except Exception as exc:
-                self.run_failure("read", task, exc, i)
-            except BaseException:
-                self.abandon(run[i:])
-                raise
-            else:
-                kept.append(task)
-        self.run_done("read", len(run))
-        return kept
+
+        def one(task: Task) -> None:
+            task.data = read(task.index)
+
+        return self.each_in_run("read", run, one)
 
     def decode_run(self, run: list[Task]) -> list[Task]:
+        def one(task: Task) -> None:
+            self.load(task, self.slot(task.position))
+            task.data = None
+
+        return self.each_in_run("decode", run, one)
+
+    def each_in_run(self, stage: str, run: list[Task], op: Callable[[Task], None]) -> list[Task]:
+        """``op`` on each task of ``run``; the tasks it did not fail on."""
         kept: list[Task] = []
         for i, task in enumerate(run):
             if self.stopping.is_set():
                 break
             try:
-                self.load(task, self.slot(task.position))
+                op(task)
             except Exception as exc:
-                self.run_failure("decode", task, exc, i)
+                self.run_failure(stage, task, exc, i)
             except BaseException:
                 self.abandon(run[i:])
                 raise
             else:
-                task.data = None
                 kept.append(task)
-        self.run_done("decode", len(run))
+        self.run_done(stage, len(run))
         return kept
 
     def run_done(self, stage: str, samples: int) -> None:

@@ -751,9 +751,15 @@ class ImageLoader:
         # Two runs per thread fit in the in-flight window, so no thread waits for work,
         # and a batch's reads spread over every I/O thread (a run reads one file after
         # another: with slow remote reads a long run delays its batch).
-        window = self.batch_size * (opts.prefetch_batches + opts.max_delay_batches + 1)
         threads = self.io_threads + self.decode_threads
-        return max(1, min(8, window // (2 * threads), self.batch_size // self.io_threads))
+        return max(1, min(8, self._window() // (2 * threads), self.batch_size // self.io_threads))
+
+    def _window(self) -> int:
+        """Samples an epoch keeps in flight: (D + 1) * B lets fast samples run ahead by the
+        full lateness bound D, plus the batches prefetched (the batching README shows a
+        smaller window can deadlock)."""
+        opts = self.options
+        return self.batch_size * (opts.prefetch_batches + opts.max_delay_batches + 1)
 
     def _sample_spares(self) -> collections.deque[torch.Tensor]:
         """Straggler mode's private sample tensors (CPU path), kept across epochs."""
