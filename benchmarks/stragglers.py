@@ -113,9 +113,11 @@ def make_dataloader(data: Path, scenario: str, batch: int = BATCH) -> Iterable[A
     )
 
 
-def calibrate(data: Path, epochs: int, scenario: str, batch: int = BATCH) -> dict[str, Any]:
+def calibrate(
+    data: Path, epochs: int, scenario: str, batch: int = BATCH, system: str = "ordered"
+) -> dict[str, Any]:
     """Loader throughput with no consumer wait, and the total read + decode time."""
-    loader = make_loader(data, "ordered", scenario, batch)
+    loader = make_loader(data, system, scenario, batch)
     start = time.perf_counter()
     images = 0
     with loader:
@@ -303,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         data = folders[scenario]
         print(f"[calibrate] {scenario}: loader alone ...", file=sys.stderr, flush=True)
         cal = calibrate(data, 1, scenario, args.batch_size)
+        # A diagnostic beside it (the step is sized from ordered mode alone, the same for
+        # every system): straggler mode's own throughput with no consumer wait. Its
+        # per-sample engine calls cost more CPU than ordered mode's runs (see the README).
+        alone = calibrate(data, 1, scenario, args.batch_size, "straggler")["img_per_s"]
         need = cal["img_per_s"] / HEADROOM  # the consumer needs 10% less than the loader gives
         step_s = args.batch_size / need
         batches = -(-num // args.batch_size)
@@ -310,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[scenario] = {
             "data": str(data),
             "calibration": cal,
+            "straggler_alone_img_per_s": alone,
             "step_s": step_s,
             "ideal_epoch_s": ideal,
         }
@@ -393,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for scenario, run in runs.items():
         print(
-            f"{scenario}: loader {run['calibration']['img_per_s']:.0f} img/s alone; step "
+            f"{scenario}: loader {run['calibration']['img_per_s']:.0f} img/s alone (straggler "
+            f"mode {run['straggler_alone_img_per_s']:.0f}); step "
             f"{run['step_s'] * 1000:.1f} ms per batch; ideal epoch {run['ideal_epoch_s']:.2f} s"
         )
     print(table)

@@ -195,22 +195,23 @@ class EpochBase:
                 return
             yield self.task_at(position, index_of)
 
-    def source_runs(self, size: int) -> Iterator[list[Task]]:
-        """`source`'s tasks in runs of up to ``size`` (one read or decode call each). A
-        run in the making goes out as it is once the window is full: its samples may be
-        the ones a batch needs before any room comes back."""
+    def source_runs(self, size: Callable[[], int]) -> Iterator[list[Task]]:
+        """`source`'s tasks in runs of up to ``size()`` (one read or decode call each),
+        asked as each run begins. A run in the making goes out as it is once the window is
+        full: its samples may be the ones a batch needs before any room comes back."""
         index_of = self.loader.source.key
         run: list[Task] = []
+        most = size()
         for position in self.start_order():
             if run and self.in_flight >= self.window:  # only this thread adds to it
                 yield run
-                run = []
+                run, most = [], size()
             if not self.enter_window():
                 return
             run.append(self.task_at(position, index_of))
-            if len(run) == size:
+            if len(run) >= most:
                 yield run
-                run = []
+                run, most = [], size()
         if run:
             yield run
 
@@ -344,11 +345,13 @@ class EpochBase:
         if self.loader.batching != "straggler":
             return None
         limit = self.loader.options.max_slow_threads or threads
-        # p75 x 4 rather than a high percentile: with 10% stragglers p95 *is* a straggler,
-        # and a threshold above it would never move one. The floor keeps thread churn away
-        # from tasks too short to matter.
-        threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
-        return SlowLane(max_threads=limit, threshold=threshold)
+        return SlowLane(max_threads=limit, threshold=self.straggler_threshold())
+
+    def straggler_threshold(self) -> AdaptiveThreshold:
+        """When a task counts as a straggler. p75 x 4 rather than a high percentile: with
+        10% stragglers p95 *is* a straggler, and a threshold above it would never move
+        one. The floor keeps thread churn away from tasks too short to matter."""
+        return AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
 
     # -- consuming -----------------------------------------------------------------------
     def batches(self) -> Iterator[Yielded]:
@@ -592,12 +595,18 @@ class CpuEpoch(EpochBase):
             )
         order: Literal["completion"] = "completion"
         self.decode_lane = self.slow_lane(loader.decode_threads)
-        # Ordered mode runs its samples in runs of consecutive positions, one engine call
-        # per run and stage: the per-call costs under the GIL (queue hops, counters, stage
-        # bookkeeping) are paid once per run, not per sample. Straggler mode keeps one
-        # sample per call: its slow lane moves single samples.
-        self.run_size = loader._samples_per_task()
+        # Samples go in runs of consecutive positions, one engine call per run and stage:
+        # the per-call costs under the GIL (queue hops, counters, stage bookkeeping) are
+        # paid once per run, not per sample. Straggler mode sizes each run from what it
+        # measures (`RunSizer`): one sample per call while reads are slow enough that its
+        # slow lane must be able to move a single sample.
+        self.sizer = loader._run_sizer()
+        self.run_size = self.sizer.most if self.sizer else loader._samples_per_task()
         runs = self.run_size > 1
+        run_size = self.sizer.size if self.sizer else lambda n=self.run_size: n
+        # With runs, the decode stage's lane learns from whole runs; whether one decode
+        # holds its batch (`pop_batch`) is judged per sample, by the same rule.
+        self.decode_limit = self.straggler_threshold() if self.sizer else None
         # A run's failed samples are recorded here with the engine's own rules, per stage
         # and per sample: `run_calls` counts the samples each stage has finished.
         self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
@@ -607,7 +616,7 @@ class CpuEpoch(EpochBase):
         self.pipeline = (
             PipelineBuilder()
             .add_source(
-                self.source_runs(self.run_size) if runs else self.source(),
+                self.source_runs(run_size) if runs else self.source(),
                 backpressure_s=self.backpressure_s,
             )
             .pipe(
@@ -651,21 +660,29 @@ class CpuEpoch(EpochBase):
         return task
 
     def decode(self, task: Task) -> Task:
-        rows = self.rows
-        placed = rows.place(task.position, len(task.data or b"")) if rows is not None else None
         try:
-            out = placed.array if placed is not None else self.slot(task.position)
-            self.load(task, out)
+            self.decode_one(task)
         except BaseException:
-            if placed is not None and self.rows is not None:
-                self.rows.finished(placed, ok=False)
             self.note_failure(task.position)
             raise
-        if placed is not None and self.rows is not None:
-            self.rows.finished(placed, ok=True)
-        task.data = None
-        task.out = placed
         return task
+
+    def decode_one(self, task: Task) -> None:
+        """Decode ``task`` into its place: its row of its nominal batch's tensor (ordered
+        mode), or where `StragglerRows` puts it (straggler mode), told when it ends."""
+        rows = self.rows
+        if rows is None:
+            self.load(task, self.slot(task.position))
+        else:
+            placed = rows.place(task.position, len(task.data or b""))
+            try:
+                self.load(task, placed.array)
+            except BaseException:
+                rows.finished(placed, ok=False)
+                raise
+            rows.finished(placed, ok=True)
+            task.out = placed
+        task.data = None
 
     def load(self, task: Task, out: np.ndarray) -> None:
         loader = self.loader
@@ -691,20 +708,23 @@ class CpuEpoch(EpochBase):
         return self.each_in_run("read", run, one)
 
     def decode_run(self, run: list[Task]) -> list[Task]:
-        def one(task: Task) -> None:
-            self.load(task, self.slot(task.position))
-            task.data = None
-
-        return self.each_in_run("decode", run, one)
+        return self.each_in_run("decode", run, self.decode_one)
 
     def each_in_run(self, stage: str, run: list[Task], op: Callable[[Task], None]) -> list[Task]:
         """``op`` on each task of ``run``; the tasks it did not fail on."""
         kept: list[Task] = []
+        sizer, clock = self.sizer, time.perf_counter
         for i, task in enumerate(run):
             if self.stopping.is_set():
                 break
             try:
+                began = clock()
                 op(task)
+                if sizer is not None:
+                    took = clock() - began
+                    sizer.observe(stage, took)
+                    if stage == "decode" and self.decode_limit is not None:
+                        self.decode_limit.observe(took)
             except Exception as exc:
                 self.run_failure(stage, task, exc, i)
             except BaseException:
@@ -830,10 +850,14 @@ class CpuEpoch(EpochBase):
         moves = self.formed.empty()
         if not moves or self.rows is None:
             return self.batcher.pop(moves=moves)
+        # Per sample: the decode stage's own lane learns from whole runs when there are
+        # runs. `slow_lane` builds an AdaptiveThreshold, which is thread-safe: it may be
+        # asked from this thread too, not only under the stage's lock.
         lane = self.decode_lane
-        # `slow_lane` builds an AdaptiveThreshold, which is thread-safe: it may be asked
-        # from this thread too, not only under the stage's lock.
-        limit = lane.threshold.limit() if lane is not None else None
+        if self.decode_limit is not None:
+            limit = self.decode_limit.limit()
+        else:
+            limit = lane.threshold.limit() if lane is not None else None
         return self.batcher.pop(wait_for=self.rows.hold_back(limit))
 
     def batching_stats(self) -> BatcherStats:

@@ -26,6 +26,7 @@ import numpy as np
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
+from gpu_loader._run_sizer import RunSizer
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -79,12 +80,14 @@ class LoaderOptions:
     (prefetch_batches + max_delay_batches)``, which keeps the in-flight window able to
     make progress."""
     samples_per_task: int | None = None
-    """CPU decode path, ``ordered`` mode: consecutive samples one read or decode call
-    takes (default: up to 8, as many as leave two runs per read and decode thread in the
-    in-flight window and spread a batch over every I/O thread). Fewer calls per sample spend less time under the GIL in the
-    engine's hand-offs (the ordered CPU path used ~30-50% less CPU per image with runs of
-    8 than of 1 in a zero-cost-decode test). ``straggler`` mode and the GPU path run one
-    sample per call."""
+    """CPU decode path: consecutive samples one read or decode call takes. Fewer calls
+    per sample spend less time under the GIL in the engine's hand-offs (the ordered CPU
+    path used ~30-50% less CPU per image with runs of 8 than of 1 in a zero-cost-decode
+    test). Default: up to 8, as many as leave two runs per read and decode thread in the
+    in-flight window and spread a batch over every I/O thread; in ``straggler`` mode that
+    many only while the slowest reads (p99) take no longer than decoding a run, and one
+    otherwise, so the slow lane can move a single slow read (a run reads its files one
+    after another). The GPU path runs one sample per call."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     pin_memory: bool | None = None
@@ -309,11 +312,6 @@ class ImageLoader:
                 f"max_delay_batches) = {most}, got {opts.cost_lookahead}: a larger block "
                 "could fill the in-flight window without completing a batch"
             )
-        if batching == "straggler" and opts.samples_per_task not in (None, 1):
-            raise ValueError(
-                f"`samples_per_task={opts.samples_per_task}` needs batching='ordered': "
-                "straggler mode runs one sample per call, so its slow lane can move one"
-            )
         if len(source) == 0:
             raise ValueError(
                 f"{source!r} has no samples to load (an empty folder, list or shard set?)"
@@ -360,6 +358,7 @@ class ImageLoader:
         self._arenas: tuple[PinnedArena, PinnedArena] | None = None
         self._pool: BatchPool | None = None
         self._spares: tuple[tuple[Any, ...], collections.deque[torch.Tensor]] | None = None
+        self._sizer: RunSizer | None = None
         self._arena_ports: GpuPorts | None = None
         self._cuda_ports: GpuPorts | None = None  # made at the first GPU epoch, then kept
         self._gpu_worker_pool: WorkerPool | None = None
@@ -742,12 +741,28 @@ class ImageLoader:
         return self._pool
 
     def _samples_per_task(self) -> int:
-        """`LoaderOptions.samples_per_task` as the CPU path's epoch uses it."""
-        if self.batching == "straggler":
-            return 1
+        """`LoaderOptions.samples_per_task` as the CPU path's epoch uses it (straggler
+        mode's automatic runs are sized by `_run_sizer` instead)."""
         opts = self.options
         if opts.samples_per_task is not None:
             return opts.samples_per_task
+        if self.batching == "straggler":
+            return 1
+        return self._most_per_task()
+
+    def _run_sizer(self) -> RunSizer | None:
+        """Straggler mode's run sizes on the CPU path, with `samples_per_task` automatic:
+        kept across epochs, so an epoch starts from what the last one measured."""
+        if self.batching != "straggler" or self.options.samples_per_task is not None:
+            return None
+        most = self._most_per_task()
+        if most <= 1:
+            return None
+        if self._sizer is None or self._sizer.most != most:
+            self._sizer = RunSizer(most)
+        return self._sizer
+
+    def _most_per_task(self) -> int:
         # Two runs per thread fit in the in-flight window, so no thread waits for work,
         # and a batch's reads spread over every I/O thread (a run reads one file after
         # another: with slow remote reads a long run delays its batch).

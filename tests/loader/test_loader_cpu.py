@@ -813,10 +813,9 @@ def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
 ) -> None:
     # Leaving behind a sample that decodes into its nominal batch's tensor would cost a
     # copy of the whole batch, so the batch waits for it while it is under the decode
-    # stage's slow-lane limit (here a 10 s floor: never reached).
+    # stage's straggler limit (here a 10 s floor: never reached).
     import gpu_loader._epoch as epoch_module
     from gpu_loader.batching import AdaptiveThreshold
-    from gpu_loader.pipeline import SlowLane
 
     slow_key = unique_list.key(20)  # position 20 (shuffle off): nominal batch 4 of 5
     real = epoch_module.load_into
@@ -826,11 +825,11 @@ def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
             time.sleep(0.3)
         return real(data, *args, key=key, **kw)
 
-    def lane(self: Any, threads: int) -> SlowLane:
-        return SlowLane(max_threads=threads, threshold=AdaptiveThreshold(floor_s=10.0))
+    def threshold(self: Any) -> AdaptiveThreshold:
+        return AdaptiveThreshold(floor_s=10.0)
 
     monkeypatch.setattr(epoch_module, "load_into", slow_for_one)
-    monkeypatch.setattr(epoch_module.CpuEpoch, "slow_lane", lane)
+    monkeypatch.setattr(epoch_module.CpuEpoch, "straggler_threshold", threshold)
     options = gl.LoaderOptions(decode_threads=2, io_threads=2, max_delay_batches=2)
     loader = make(unique_list, batch_size=5, batching="straggler", shuffle=False, options=options)
     labels = labels_of(run_epoch(loader))
@@ -1036,12 +1035,62 @@ def test_ordered_runs_take_fewer_calls_and_a_window_smaller_than_a_run_still_mov
     assert sorted(labels_of(run_epoch(loader))) == list(range(n))
 
 
-def test_straggler_mode_runs_one_sample_per_call(unique_list: FileList) -> None:
-    with pytest.raises(ValueError, match=r"samples_per_task=4.*batching='ordered'"):
-        make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=4))
-    loader = make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=1))
-    run_epoch(loader)
-    assert {s.name: s.tasks_done for s in loader.stats().stages}["decode"] == len(unique_list)
+def test_straggler_mode_runs_as_many_samples_per_call_as_asked(unique_list: FileList) -> None:
+    n = len(unique_list)
+    calls = {}
+    for per_task in (1, 4):
+        options = gl.LoaderOptions(samples_per_task=per_task)
+        loader = make(unique_list, batching="straggler", options=options)
+        assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+        calls[per_task] = {s.name: s.tasks_done for s in loader.stats().stages}
+    assert calls[1]["decode"] == calls[1]["read"] == n
+    assert n / 4 <= calls[4]["decode"] < n / 2 and n / 4 <= calls[4]["read"] < n / 2
+
+
+class ReadsWait(FileList):
+    """A FileList whose reads of every tenth index wait ``slow_s`` first."""
+
+    def __init__(self, photo_dir: Path, slow_s: float) -> None:
+        super().__init__([(str(p), i) for i, p in enumerate(image_files(photo_dir))])
+        self.slow_s = slow_s
+
+    def read(self, i: int) -> bytes:
+        if i % 10 == 0:
+            time.sleep(self.slow_s)
+        return super().read(i)
+
+
+@pytest.mark.parametrize("slow_read_s", [0.0, 0.12])
+def test_straggler_mode_runs_only_while_no_read_outlasts_decoding_a_run(
+    photo_dir: Path, monkeypatch: pytest.MonkeyPatch, slow_read_s: float
+) -> None:
+    # Decodes of ~5 ms and runs of up to 4: runs once it has seen enough (here 16
+    # samples, kept from one epoch to the next), unless reads of 120 ms make the slow
+    # lane's single-sample moves worth their cost.
+    import gpu_loader._epoch as epoch_module
+    from gpu_loader._run_sizer import RunSizer
+
+    real = epoch_module.load_into
+
+    def slower(*args: Any, **kw: Any) -> Any:
+        time.sleep(0.005)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", slower)
+    source = ReadsWait(photo_dir, slow_read_s)
+    n = len(source)
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2)
+    loader = make(source, batching="straggler", options=options)
+    assert loader._most_per_task() == 4
+    loader._sizer = RunSizer(4, min_samples=16)
+    calls = []
+    for _ in range(2):
+        assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+        calls.append({s.name: s.tasks_done for s in loader.stats().stages}["decode"])
+    if slow_read_s:
+        assert calls == [n, n]
+    else:
+        assert calls[0] < n and n / 4 <= calls[1] < n / 2
 
 
 def _with_holes(
