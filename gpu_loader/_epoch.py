@@ -171,7 +171,13 @@ class EpochBase:
         """Samples that failed before the checkpoint this epoch resumed from: the state
         keeps their positions, not their errors (the loader keeps the real records when
         it still has them)."""
-        self.todo = self.batcher.remaining_positions()
+        # Positions to start: all of them unless resumed (a range: no list of an
+        # ImageNet-sized epoch's positions at every epoch's start).
+        self.todo: Sequence[int] = (
+            range(self.batcher.plan.num_kept)
+            if resume is None
+            else self.batcher.remaining_positions()
+        )
         self.window = loader._window()
         self.in_flight = 0
         self.window_wait_s = 0.0
@@ -242,6 +248,8 @@ class EpochBase:
         return sampler.num_samples + sampler.rank + sampler.world_size * position
 
     def restored_failures(self) -> list[FailedSample]:
+        if not self.received.ledger.failed:
+            return []
         failed = self.received.ledger.failed_positions()
         key = self.loader.source.key
         note = "failed before the checkpoint this epoch resumed from (its error is not saved)"

@@ -21,7 +21,9 @@ STATE_FORMAT = "gpu_loader.batching/1"
 
 # Runs of one status byte, found by the C regex engine: state_dict() of a 1.2M-position
 # epoch stays in the milliseconds, where a Python loop would take a large fraction of a second.
-_RUN = {code: re.compile(re.escape(bytes([code])) + b"+") for code in (DELIVERED, FAILED)}
+_RUN = {
+    code: re.compile(re.escape(bytes([code])) + b"+") for code in (NOT_STARTED, DELIVERED, FAILED)
+}
 _NAMES = {NOT_STARTED: "never started", STARTED: "started", READY: "completed"}
 _NAMES |= {DELIVERED: "delivered", FAILED: "failed"}
 
@@ -87,7 +89,9 @@ class Ledger:
 
     def remaining(self) -> list[int]:
         """Positions never started, ascending: what a resumed epoch still has to start."""
-        return [m.start() for m in re.finditer(b"\x00", self.status)]
+        if not self.started:  # a fresh epoch (every one but a resumed): all of them
+            return list(range(len(self.status)))
+        return [p for start, stop in self.runs(NOT_STARTED) for p in range(start, stop)]
 
     def runs(self, code: int) -> list[list[int]]:
         """``[[start, stop], ...]`` half-open ranges of positions with status ``code``."""
@@ -95,7 +99,9 @@ class Ledger:
 
     def failed_positions(self) -> list[int]:
         """The positions marked failed, in order."""
-        return [p for p, code in enumerate(self.status) if code == FAILED]
+        if FAILED not in self.status:  # a byte search: the usual case, at once
+            return []
+        return [p for start, stop in self.runs(FAILED) for p in range(start, stop)]
 
     def to_state(self, mode: str, batches: int) -> dict[str, Any]:
         return {

@@ -88,3 +88,20 @@ def test_load_state_dict_refuses_mismatches_and_used_batchers() -> None:
         fresh.push(0, 0)
     with pytest.raises(ValueError, match="position 1 was already delivered"):
         fresh.started(1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0, 0, 1, 2, 3, 4]), max_size=300))
+def test_ledger_remaining_and_failed_positions_match_their_statuses(codes: list[int]) -> None:
+    # Both are found by byte searches (an ImageNet-sized epoch's ledger is 1.28M bytes,
+    # read at every epoch's start); they must list exactly the positions per status.
+    from gpu_loader.batching._ledger import FAILED, NOT_STARTED, Ledger
+    from gpu_loader.batching._plan import BatchPlan
+
+    ledger = Ledger(BatchPlan(len(codes), 4))
+    for position, code in enumerate(codes):
+        if code != NOT_STARTED:
+            ledger.status[position] = code
+            ledger.started += 1
+    assert ledger.remaining() == [p for p, c in enumerate(codes) if c == NOT_STARTED]
+    assert ledger.failed_positions() == [p for p, c in enumerate(codes) if c == FAILED]
