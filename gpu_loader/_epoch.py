@@ -157,6 +157,8 @@ class EpochBase:
     pass_number = 0
     """Which of the loader's passes this is (set when it starts; a late close of an
     older pass must not stand for the current one)."""
+    unstarted: weakref.finalize[Any, Any] | None = None
+    """Closes the epoch if the loader's iterator is dropped before its first next()."""
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         self.loader = loader
@@ -364,6 +366,8 @@ class EpochBase:
     # -- consuming -----------------------------------------------------------------------
     def batches(self) -> Iterator[Yielded]:
         """The generator the training loop iterates."""
+        if self.unstarted is not None:
+            self.unstarted.detach()  # started: its own exit closes the epoch from here on
         try:
             yield from self._batches()
         except KeyboardInterrupt:

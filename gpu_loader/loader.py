@@ -504,6 +504,10 @@ class ImageLoader:
         self._closed_progress = None
         self._active = weakref.ref(epoch)
         iterator = epoch.batches()
+        # A generator dropped before its first next() runs none of its code, and the
+        # epoch's pipeline is held by the engine's finalizer through the epoch's own stage
+        # callables: without this the epoch, and this loader with it, would stay alive.
+        epoch.unstarted = weakref.finalize(iterator, epoch.close)
         self._iterator = weakref.ref(iterator)
         return iterator
 

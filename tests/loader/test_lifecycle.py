@@ -271,3 +271,27 @@ def test_the_progress_line_counts_this_epochs_failures(
     for line in last.values():
         assert line.endswith(f"failed={len(bad)}"), line
     assert len(loader.failed_samples()) == 2 * len(bad)
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_an_iterator_dropped_before_its_first_batch_frees_its_epoch_and_loader(
+    photo_dir: Path, batching: str
+) -> None:
+    # The unstarted generator runs no code when dropped; the epoch's pipeline was held by
+    # the engine's finalizer through the epoch's stage callables, and the loader with it.
+    import gc
+    import weakref
+
+    loader = make(gl.sources.ImageFolder(photo_dir), batching=batching)
+    iterator = iter(loader)
+    epoch = loader._epoch()
+    assert epoch is not None
+    gone_epoch, gone_loader = weakref.ref(epoch), weakref.ref(loader)
+    del epoch, iterator
+    gc.collect()
+    assert gone_epoch() is None
+    assert loader.state_dict()["epoch_done"] is False  # the loader still works
+    assert len(list(loader)) == len(loader)
+    del loader
+    gc.collect()
+    assert gone_loader() is None
