@@ -25,7 +25,7 @@ import numpy as np
 
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
-from gpu_loader._straggler_rows import StragglerRows, as_numpy
+from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
 from gpu_loader._threads import interrupt_main_after, join_started
 from gpu_loader.batching import (
     AdaptiveThreshold,
@@ -618,7 +618,7 @@ class CpuEpoch(EpochBase):
         run_size = self.sizer.size if self.sizer else lambda n=self.run_size: n
         # With runs, the decode stage's lane learns from whole runs; whether one decode
         # holds its batch (`pop_batch`) is judged per sample, by the same rule.
-        self.decode_limit = self.straggler_threshold() if self.sizer else None
+        self.decode_limit = self.straggler_threshold() if self.rows is not None and runs else None
         # A run's failed samples are recorded here with the engine's own rules, per stage
         # and per sample: `run_calls` counts the samples each stage has finished.
         self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
@@ -649,7 +649,8 @@ class CpuEpoch(EpochBase):
                 key_fn=run_key if runs else task_key,
                 slow_lane=self.decode_lane,
             )
-            .add_sink(buffer_size=max(2, loader.batch_size // self.run_size))
+            # A run's worth per slot (one sample each while the sizer says 1).
+            .add_sink(buffer_size=max(2, loader.batch_size // (1 if self.sizer else self.run_size)))
             .build()
         )
         self.feeds(self.pipeline)
@@ -679,20 +680,23 @@ class CpuEpoch(EpochBase):
             raise
         return task
 
-    def decode_one(self, task: Task) -> None:
+    def decode_one(self, task: Task, run: Run | None = None) -> None:
         """Decode ``task`` into its place: its row of its nominal batch's tensor (ordered
-        mode), or where `StragglerRows` puts it (straggler mode), told when it ends."""
+        mode), or where `StragglerRows` puts it (straggler mode, told when it ends and in
+        which ``run``)."""
         rows = self.rows
         if rows is None:
             self.load(task, self.slot(task.position))
         else:
+            if run is not None:
+                rows.run_decoding(run)
             placed = rows.place(task.position, len(task.data or b""))
             try:
                 self.load(task, placed.array)
             except BaseException:
                 rows.finished(placed, ok=False)
                 raise
-            rows.finished(placed, ok=True)
+            rows.finished(placed, ok=True, run=run)
             task.out = placed
         task.data = None
 
@@ -708,7 +712,7 @@ class CpuEpoch(EpochBase):
             max_pixels=loader.options.max_pixels,
         )
 
-    # Ordered mode's runs (see `__init__`): each sample that fails is recorded and left
+    # Runs (see `__init__`): each sample that fails is recorded and left
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
     # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
@@ -720,23 +724,32 @@ class CpuEpoch(EpochBase):
         return self.each_in_run("read", run, one)
 
     def decode_run(self, run: list[Task]) -> list[Task]:
-        return self.each_in_run("decode", run, self.decode_one)
+        rows = self.rows
+        if rows is None:
+            return self.each_in_run("decode", run, self.decode_one)
+        state = Run()  # straggler mode: what `hold_back` knows of this run
+        try:
+            return self.each_in_run("decode", run, lambda task: self.decode_one(task, state))
+        finally:
+            rows.run_ended(state)
 
     def each_in_run(self, stage: str, run: list[Task], op: Callable[[Task], None]) -> list[Task]:
         """``op`` on each task of ``run``; the tasks it did not fail on."""
         kept: list[Task] = []
         sizer, clock = self.sizer, time.perf_counter
+        limit = self.decode_limit if stage == "decode" else None
         for i, task in enumerate(run):
             if self.stopping.is_set():
                 break
             try:
                 began = clock()
                 op(task)
-                if sizer is not None:
+                if sizer is not None or limit is not None:
                     took = clock() - began
-                    sizer.observe(stage, took)
-                    if stage == "decode" and self.decode_limit is not None:
-                        self.decode_limit.observe(took)
+                    if sizer is not None:
+                        sizer.observe(stage, took)
+                    if limit is not None:
+                        limit.observe(took)
             except Exception as exc:
                 self.run_failure(stage, task, exc, i)
             except BaseException:
@@ -857,8 +870,8 @@ class CpuEpoch(EpochBase):
         """The batcher's next batch. Straggler mode moves samples only when the training
         loop has nothing queued (while it has, waiting for a straggler costs it nothing,
         and an unmoved batch is built without copies), and not a sample in a row of its
-        batch's tensor unless it is a straggler by the decode stage's slow-lane limit
-        (`StragglerRows.hold_back`)."""
+        batch's tensor unless it (or, in a run, its run's current decode) is a straggler
+        by the slow lane's rule for one decode (`StragglerRows.hold_back`)."""
         moves = self.formed.empty()
         if not moves or self.rows is None:
             return self.batcher.pop(moves=moves)

@@ -4,11 +4,16 @@ One sample per engine call lets the slow lane move a single slow sample, but pay
 per-call costs under the GIL (queue hops, stage counters, the slow-lane bookkeeping) for
 every sample: about twice the CPU per image of runs of 8 with decode made free. A run
 reads its files one after another, so a slow read holds the rest of its run: that is
-what the slow lane exists for when reads are slow (remote storage), and costs nothing
+what the slow lane exists for when reads are slow (remote storage), and costs little
 when no read takes longer than decoding a run. So the loader measures both per sample
 and runs up to ``most`` samples per call while the slowest reads (their p99) are no
 longer than decoding a run (``most`` x the median decode), one sample per call
 otherwise, and until it has seen enough of each (``min_samples``).
+
+Decode stragglers are not a reason to stop runs: the samples a run has decoded reach the
+batcher only when it ends, so a slow decode would hold them, but a batch waits for them
+only until that decode passes the per-sample straggler limit (`StragglerRows.hold_back`),
+as it waits for a single slow decode.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from __future__ import annotations
 from gpu_loader.batching import AdaptiveThreshold
 
 MIN_SAMPLES = 64
-"""Per-sample reads and decodes seen before runs are considered (and again after a
-change of source: the sizer lives as long as its loader)."""
+"""Per-sample reads and decodes seen before runs are considered (once per loader: the
+sizer lives as long as its loader, so later epochs start from what it measured)."""
 
 
 class RunSizer:

@@ -63,6 +63,18 @@ class Slab:
     """Rows holding a finished sample not yet emitted."""
 
 
+class Run:
+    """One worker's run of decodes (consecutive samples in one engine call). The samples
+    it has decoded reach the batcher only when it ends, so `hold_back` sees each of them
+    as late as the run's current decode."""
+
+    __slots__ = ("began",)
+
+    def __init__(self) -> None:
+        self.began: float | None = None
+        """clock() when the run's current decode began; None once the run ended."""
+
+
 @dataclass(eq=False)
 class Placed:
     """Where one sample's output is: a row of a slab, or a private tensor.
@@ -121,9 +133,10 @@ class StragglerRows:
             collections.deque() if spare is None else spare
         )
         # Positions with a slab row whose sample the batcher has not received, with the
-        # clock() reading when their decode began (None once it ended): a batch that
-        # skipped one could not be built on that slab (see `hold_back`).
-        self._in_transit: dict[int, float | None] = {}
+        # clock() reading when their decode began (None once it ended, or the `Run` it
+        # ended in while that run goes on): a batch that skipped one could not be built on
+        # that slab (see `hold_back`).
+        self._in_transit: dict[int, float | Run | None] = {}
         self._clock = clock
         # Encoded sizes seen lately: their median times LARGE_FILE_FACTOR marks the files
         # expected to decode slowly (an AdaptiveThreshold over sizes instead of durations).
@@ -169,8 +182,9 @@ class StragglerRows:
                 return Placed(slab, position - b * self.plan.batch_size)
         return Placed(None, -1, self._take_spare())  # its batch went without it: late
 
-    def finished(self, placed: Placed, *, ok: bool) -> None:
-        """The decode into ``placed`` is over (``ok``: it holds the sample)."""
+    def finished(self, placed: Placed, *, ok: bool, run: Run | None = None) -> None:
+        """The decode into ``placed`` is over (``ok``: it holds the sample; ``run``: the
+        run it was decoded in, which the sample waits for before it reaches the batcher)."""
         slab = placed.slab
         if slab is None:
             if not ok and placed.private is not None:
@@ -180,31 +194,46 @@ class StragglerRows:
         with self._lock:
             slab.writers -= 1
             if position in self._in_transit:
-                self._in_transit[position] = None  # decoded: on its way to the batcher
+                # Decoded: on its way to the batcher, once its run (if any) ends.
+                self._in_transit[position] = run
             if ok:
                 slab.held.add(placed.row)
+
+    def run_decoding(self, run: Run) -> None:
+        """``run``'s next decode begins."""
+        now = self._clock()
+        with self._lock:
+            run.began = now
+
+    def run_ended(self, run: Run) -> None:
+        """``run``'s samples are on their way to the batcher."""
+        with self._lock:
+            run.began = None
 
     def hold_back(self, straggler_after_s: float | None) -> list[int]:
         """Positions a batch should wait for rather than leave behind: those in a row of
         their slab that the batcher has not received (`arrived`), except decodes running
-        for longer than ``straggler_after_s`` (None: no exception).
+        for longer than ``straggler_after_s`` (None: no exception), and samples decoded in
+        a run whose current decode is running that long (they reach the batcher only when
+        their run ends).
 
         A batch that left one of them behind could not be built on that slab (a decode
         still writes to it, or a finished row would be overwritten), so it would be
         copied whole (the fallback above): at 128 x 224 x 224 float32, 40-90 ms on the
         2-core dev machine, far more than the rest of a decode that has not yet turned
         into a straggler, or than the moment a decoded sample takes to reach the batcher.
-        The loader passes these as ``pop(wait_for=...)``, with the decode stage's slow-lane
+        The loader passes these as ``pop(wait_for=...)``, with a per-sample straggler
         limit: samples waiting for their read, decoding into a private tensor, or
-        running past that limit still move.
+        running (or waiting on a run-mate running) past that limit still move.
         """
         now = self._clock()
+        held = []
         with self._lock:
-            return [
-                p
-                for p, began in self._in_transit.items()
-                if began is None or straggler_after_s is None or now - began <= straggler_after_s
-            ]
+            for position, state in self._in_transit.items():
+                began = state.began if isinstance(state, Run) else state
+                if began is None or straggler_after_s is None or now - began <= straggler_after_s:
+                    held.append(position)
+        return held
 
     # -- the batcher thread --------------------------------------------------------------
     def arrived(self, position: int) -> None:

@@ -87,7 +87,8 @@ class LoaderOptions:
     in-flight window and spread a batch over every I/O thread; in ``straggler`` mode that
     many only while the slowest reads (p99) take no longer than decoding a run, and one
     otherwise, so the slow lane can move a single slow read (a run reads its files one
-    after another). The GPU path runs one sample per call."""
+    after another), and one with ``cost_lookahead`` (a run would decode the largest
+    files of a block one after another). The GPU path runs one sample per call."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     pin_memory: bool | None = None
@@ -758,6 +759,10 @@ class ImageLoader:
         """Straggler mode's run sizes on the CPU path, with `samples_per_task` automatic:
         kept across epochs, so an epoch starts from what the last one measured."""
         if self.batching != "straggler" or self.options.samples_per_task is not None:
+            return None
+        if self.options.cost_lookahead > 1:
+            # Its start order puts a block's largest files next to each other: in runs,
+            # one thread would decode them one after another instead of all at once.
             return None
         most = self._most_per_task()
         if most <= 1:

@@ -1093,6 +1093,66 @@ def test_straggler_mode_runs_only_while_no_read_outlasts_decoding_a_run(
         assert calls[0] < n and n / 4 <= calls[1] < n / 2
 
 
+@pytest.mark.parametrize("per_task", [4, None])
+def test_a_slow_decode_in_a_run_holds_its_run_mates_no_longer_than_a_straggler(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch, per_task: int | None
+) -> None:
+    # A run's decoded samples reach the batcher only when the run ends: behind a slow
+    # decode they held their batch for all of it (1.5 s here), where one sample per call
+    # moves the slow one once it passes the per-sample straggler limit (~20 ms).
+    import gpu_loader._epoch as epoch_module
+
+    slow_key = unique_list.key(2)  # position 2 (shuffle off): nominal batch 0
+    real = epoch_module.load_into
+    slow = {"on": False}
+
+    def decode(data: Any, *args: Any, key: str = "?", **kw: Any) -> Any:
+        time.sleep(1.5 if slow["on"] and key == slow_key else 0.005)
+        return real(data, *args, key=key, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", decode)
+    options = gl.LoaderOptions(
+        samples_per_task=per_task, io_threads=1, decode_threads=2, max_delay_batches=6
+    )
+    loader = make(unique_list, batch_size=4, batching="straggler", shuffle=False, options=options)
+    run_epoch(loader)  # two epochs teach the thresholds (and the sizer) the 5 ms decodes
+    run_epoch(loader)
+    if per_task is None:
+        assert loader._sizer is not None and loader._sizer.size() == 4
+    slow["on"] = True
+    began = time.perf_counter()
+    batches = iter(loader)
+    first = next(batches)
+    waited = time.perf_counter() - began
+    rest = list(batches)
+    assert sorted(labels_of([first, *rest])) == list(range(len(unique_list)))
+    assert waited < 0.75, waited
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_cost_aware_start_order_keeps_one_sample_per_call(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch, lookahead: int
+) -> None:
+    # Its start order puts a block's largest files next to each other: runs would decode
+    # them on one thread, one after another. (5 ms decodes: the sizer would pick runs.)
+    import gpu_loader._epoch as epoch_module
+
+    real = epoch_module.load_into
+
+    def decode(*args: Any, **kw: Any) -> Any:
+        time.sleep(0.005)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", decode)
+    n = len(unique_list)
+    options = gl.LoaderOptions(cost_lookahead=lookahead, io_threads=1, decode_threads=2)
+    loader = make(unique_list, batch_size=4, batching="straggler", options=options)
+    for _ in range(3):  # the last one past the sizer's warm-up
+        assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+    calls = {s.name: s.tasks_done for s in loader.stats().stages}["decode"]
+    assert calls == n if lookahead else calls < n
+
+
 def _with_holes(
     photo_dir: Path, tmp_path: Path, n: int, missing: set[int], corrupt: set[int]
 ) -> FileList:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from gpu_loader._straggler_rows import Placed, StragglerRows
+from gpu_loader._straggler_rows import Placed, Run, StragglerRows
 from gpu_loader.batching import BatchPlan
 
 B = 4
@@ -145,6 +145,29 @@ def test_hold_back_names_samples_in_rows_until_the_batcher_has_them() -> None:
     assert r.rows.hold_back(0.5) == [9]  # decoded, not yet at the batcher: held
     r.rows.arrived(9)
     assert r.rows.hold_back(None) == []
+
+
+def test_hold_back_lets_run_mates_of_a_straggling_decode_go() -> None:
+    # Samples a run decoded reach the batcher only when the run ends: they are held as
+    # long as the run's current decode is, and no longer.
+    now = [0.0]
+    r = Rows(12, clock=lambda: now[0])
+    run = Run()
+    for position in (0, 1):
+        r.rows.run_decoding(run)
+        placed = r.rows.place(position)
+        r.rows.finished(placed, ok=True, run=run)
+    now[0] = 0.1
+    r.rows.run_decoding(run)  # position 2: decodes for long
+    slow = r.rows.place(2)
+    now[0] = 0.5
+    assert sorted(r.rows.hold_back(1.0)) == [0, 1, 2]
+    now[0] = 1.2  # the run's current decode is past a 1 s limit: all three may go
+    assert r.rows.hold_back(1.0) == []
+    assert sorted(r.rows.hold_back(None)) == [0, 1, 2]
+    r.rows.finished(slow, ok=True, run=run)
+    r.rows.run_ended(run)  # the whole run is on its way to the batcher: held again
+    assert sorted(r.rows.hold_back(1.0)) == [0, 1, 2]
 
 
 def test_a_file_much_larger_than_recent_ones_decodes_privately() -> None:
