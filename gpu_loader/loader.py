@@ -509,6 +509,7 @@ class ImageLoader:
         # epoch's pipeline is held by the engine's finalizer through the epoch's own stage
         # callables: without this the epoch, and this loader with it, would stay alive.
         epoch.unstarted = weakref.finalize(iterator, epoch.close)
+        epoch.unstarted.atexit = False  # no threads to stop yet: nothing to do at exit
         self._iterator = weakref.ref(iterator)
         return iterator
 
