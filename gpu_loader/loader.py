@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import numpy as np
 
 from gpu_loader._batch_pool import BatchPool
-from gpu_loader._epoch import CpuEpoch, EpochBase, make_batcher
+from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader._run_sizer import RunSizer
 from gpu_loader.monitor import (
@@ -341,8 +341,10 @@ class ImageLoader:
         self._known_epoch = 0  # the epoch this loader selected (the sampler's may be set apart)
         self._passes = 0  # passes started; an epoch object knows which one it is
         # The progress of the latest pass once it closed unfinished: state_dict() must not
-        # depend on whether the garbage collector has freed that epoch yet.
-        self._closed_progress: dict[str, Any] | None = None
+        # depend on whether the garbage collector has freed that epoch yet. Its record
+        # itself, not a snapshot: a close from another thread may land while the training
+        # thread records a batch it then hands over.
+        self._closed_progress: Received | None = None
         self._failed: list[FailedSample] = []
         # Each key and error text once: a file that fails every epoch fails with the same
         # message (the records of every epoch are kept).
@@ -541,7 +543,7 @@ class ImageLoader:
             # chooses it again, and reports its failures as "before resume".
             state["batcher"] = active.received.state()
         elif self._closed_progress is not None:
-            state["batcher"] = self._closed_progress  # already freed
+            state["batcher"] = self._closed_progress.state()  # already freed
         return state
 
     def _fresh_start_pending(self) -> bool:
@@ -864,7 +866,7 @@ class ImageLoader:
         batcher_stats: BatcherStats,
     ) -> None:
         if epoch.pass_number == self._passes:
-            self._closed_progress = epoch.received.state()
+            self._closed_progress = epoch.received
         texts = self._failure_texts  # keys too: ImageFolder builds each key on each call
         records = [
             replace(f, key=texts.setdefault(f.key, f.key), error=texts.setdefault(f.error, f.error))

@@ -295,3 +295,39 @@ def test_an_iterator_dropped_before_its_first_batch_frees_its_epoch_and_loader(
     del loader
     gc.collect()
     assert gone_loader() is None
+
+
+def test_a_batch_handed_over_while_another_thread_closes_is_in_the_saved_state(
+    photo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # close() from another thread took its snapshot of the progress while the training
+    # thread was between taking a batch and recording it: the loop got the batch, and a
+    # state saved once the epoch was gone would hand it over again on resume.
+    import gc
+
+    import gpu_loader._epoch as epoch_module
+
+    loader = make(gl.sources.ImageFolder(photo_dir))
+    real = epoch_module.Received.delivered
+    calls = []
+
+    def delivered(self: Any, positions: Any) -> None:
+        calls.append(list(positions))
+        if len(calls) == 2:
+            closer = threading.Thread(target=loader.close)
+            closer.start()
+            closer.join()
+        real(self, positions)
+
+    monkeypatch.setattr(epoch_module.Received, "delivered", delivered)
+    got = []
+    iterator = iter(loader)
+    with pytest.raises(RuntimeError, match="close"):
+        for _, labels in iterator:
+            got.extend(int(v) for v in labels)
+    del iterator
+    gc.collect()
+    assert loader._epoch() is None  # the saved state comes from the closed epoch's record
+    state = loader.state_dict()["batcher"]
+    delivered_count = sum(stop - start for start, stop in state["delivered"])
+    assert delivered_count == len(got) == 2 * loader.batch_size
