@@ -8,7 +8,7 @@ import pickle
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1047,6 +1047,19 @@ def test_straggler_mode_runs_as_many_samples_per_call_as_asked(unique_list: File
     assert n / 4 <= calls[4]["decode"] < n / 2 and n / 4 <= calls[4]["read"] < n / 2
 
 
+def decodes_take(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[str], float]) -> None:
+    """Every decode first waits ``seconds(key)``."""
+    import gpu_loader._epoch as epoch_module
+
+    real = epoch_module.load_into
+
+    def decode(data: Any, *args: Any, key: str = "?", **kw: Any) -> Any:
+        time.sleep(seconds(key))
+        return real(data, *args, key=key, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", decode)
+
+
 class ReadsWait(FileList):
     """A FileList whose reads of every tenth index wait ``slow_s`` first."""
 
@@ -1067,16 +1080,9 @@ def test_straggler_mode_runs_only_while_no_read_outlasts_decoding_a_run(
     # Decodes of ~5 ms and runs of up to 4: runs once it has seen enough (here 16
     # samples, kept from one epoch to the next), unless reads of 120 ms make the slow
     # lane's single-sample moves worth their cost.
-    import gpu_loader._epoch as epoch_module
     from gpu_loader._run_sizer import RunSizer
 
-    real = epoch_module.load_into
-
-    def slower(*args: Any, **kw: Any) -> Any:
-        time.sleep(0.005)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(epoch_module, "load_into", slower)
+    decodes_take(monkeypatch, lambda key: 0.005)
     source = ReadsWait(photo_dir, slow_read_s)
     n = len(source)
     options = gl.LoaderOptions(decode_threads=2, io_threads=2)
@@ -1100,17 +1106,9 @@ def test_a_slow_decode_in_a_run_holds_its_run_mates_no_longer_than_a_straggler(
     # A run's decoded samples reach the batcher only when the run ends: behind a slow
     # decode they held their batch for all of it (1.5 s here), where one sample per call
     # moves the slow one once it passes the per-sample straggler limit (~20 ms).
-    import gpu_loader._epoch as epoch_module
-
     slow_key = unique_list.key(2)  # position 2 (shuffle off): nominal batch 0
-    real = epoch_module.load_into
     slow = {"on": False}
-
-    def decode(data: Any, *args: Any, key: str = "?", **kw: Any) -> Any:
-        time.sleep(1.5 if slow["on"] and key == slow_key else 0.005)
-        return real(data, *args, key=key, **kw)
-
-    monkeypatch.setattr(epoch_module, "load_into", decode)
+    decodes_take(monkeypatch, lambda key: 1.5 if slow["on"] and key == slow_key else 0.005)
     options = gl.LoaderOptions(
         samples_per_task=per_task, io_threads=1, decode_threads=2, max_delay_batches=6
     )
@@ -1135,15 +1133,7 @@ def test_cost_aware_start_order_keeps_one_sample_per_call(
 ) -> None:
     # Its start order puts a block's largest files next to each other: runs would decode
     # them on one thread, one after another. (5 ms decodes: the sizer would pick runs.)
-    import gpu_loader._epoch as epoch_module
-
-    real = epoch_module.load_into
-
-    def decode(*args: Any, **kw: Any) -> Any:
-        time.sleep(0.005)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(epoch_module, "load_into", decode)
+    decodes_take(monkeypatch, lambda key: 0.005)
     n = len(unique_list)
     options = gl.LoaderOptions(cost_lookahead=lookahead, io_threads=1, decode_threads=2)
     loader = make(unique_list, batch_size=4, batching="straggler", options=options)
