@@ -16,8 +16,9 @@ each system we measure the data-stall fraction (time the training loop waits for
 over its total time, after the first batch: start-up is reported apart) and the epoch
 time, against the ideal ``max(total compute / threads, total consumer time)``.
 
-    python benchmarks/stragglers.py            # 1200 images, 2 epochs per system
-    python benchmarks/stragglers.py --quick    # 200 images, 1 epoch
+    python benchmarks/stragglers.py               # 1200 images, 2 epochs per system
+    python benchmarks/stragglers.py --rounds 3    # each system 3 times; medians
+    python benchmarks/stragglers.py --quick       # 200 images, 1 epoch
 
 Results: ``benchmarks/results/stragglers.json`` and a markdown table on stdout.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Iterable
@@ -222,6 +224,27 @@ def worker(
     }
 
 
+def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's rounds as one row: each number's median over the rounds that gave it
+    (lists, such as the stall per epoch, element by element); the first error, if any
+    round failed."""
+    if not results:
+        return {}
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        return {"error": errors[0], "peak_pss_mb": results[0].get("peak_pss_mb")}
+    row: dict[str, Any] = {}
+    for key, first in results[0].items():
+        values = [r.get(key) for r in results]
+        if isinstance(first, list):
+            row[key] = [statistics.median(column) for column in zip(*values, strict=True)]
+        elif isinstance(first, int | float) and all(isinstance(v, int | float) for v in values):
+            row[key] = statistics.median(values)
+        else:
+            row[key] = first
+    return row
+
+
 def stall_from_heavy_images(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per system, the ``decode`` stall fraction minus the ``control``'s (the same system on
     the same kind of folder without heavy images): the stall the heavy images cause.
@@ -258,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="which to run"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every system this many times per scenario, in alternating order, and "
+        "report each figure's median (the shared machine's speed drifts within a run)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--step-s", type=float, help=argparse.SUPPRESS)
@@ -320,29 +350,36 @@ def main(argv: list[str] | None = None) -> int:
             "step_s": step_s,
             "ideal_epoch_s": ideal,
         }
+        results: dict[str, list[dict[str, Any]]] = {system: [] for system in SYSTEMS}
+        for r in range(args.rounds):
+            for system in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
+                round_note = f" (round {r + 1}/{args.rounds})" if args.rounds > 1 else ""
+                print(f"[run] {scenario}: {system}{round_note} ...", file=sys.stderr, flush=True)
+                result, pss = run_worker(
+                    [
+                        "-m",
+                        "gpu_loader.benchmarks.stragglers",
+                        "--worker",
+                        system,
+                        "--data",
+                        str(data),
+                        "--step-s",
+                        str(step_s),
+                        "--epochs",
+                        str(epochs),
+                        "--scenario",
+                        scenario,
+                        "--batch-size",
+                        str(args.batch_size),
+                    ]
+                )
+                results[system].append({"peak_pss_mb": pss, **result})
         for system in SYSTEMS:
-            print(f"[run] {scenario}: {system} ...", file=sys.stderr, flush=True)
-            result, pss = run_worker(
-                [
-                    "-m",
-                    "gpu_loader.benchmarks.stragglers",
-                    "--worker",
-                    system,
-                    "--data",
-                    str(data),
-                    "--step-s",
-                    str(step_s),
-                    "--epochs",
-                    str(epochs),
-                    "--scenario",
-                    scenario,
-                    "--batch-size",
-                    str(args.batch_size),
-                ]
-            )
-            row = {"scenario": scenario, "system": system, "peak_pss_mb": pss, **result}
-            if "epoch_s" in result:
-                row["epoch_vs_ideal"] = result["epoch_s"] / ideal
+            row = {"scenario": scenario, "system": system, **median_result(results[system])}
+            if "epoch_s" in row:
+                row["epoch_vs_ideal"] = row["epoch_s"] / ideal
+            if args.rounds > 1:
+                row["rounds"] = results[system]
             rows.append(row)
     checks = {}
     for scenario in scenarios:
@@ -389,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "batch_size": args.batch_size,
             "epochs": epochs,
+            "rounds": args.rounds,
             "slow_read_s": SLOW_READ_S,
             "scenarios": runs,
             "rows": rows,

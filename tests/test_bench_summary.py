@@ -91,3 +91,21 @@ def test_heavy_stall_is_decode_minus_its_control_per_system() -> None:
     got = stall_from_heavy_images(rows)
     assert got == pytest.approx({"ordered": 0.01, "straggler": -0.01})
     assert stall_from_heavy_images([r for r in rows if r["scenario"] != "control"]) == {}
+
+
+def test_straggler_rounds_report_each_figure_s_median() -> None:
+    from gpu_loader.benchmarks.stragglers import median_result
+
+    rounds = [
+        {"stall_fraction": 0.30, "stall_fraction_by_epoch": [0.5, 0.1], "moved": 4, "x": "a"},
+        {"stall_fraction": 0.02, "stall_fraction_by_epoch": [0.1, 0.3], "moved": None, "x": "b"},
+        {"stall_fraction": 0.04, "stall_fraction_by_epoch": [0.2, 0.2], "moved": 8, "x": "c"},
+    ]
+    row = median_result(rounds)
+    assert row["stall_fraction"] == 0.04  # one slow round does not set the figure
+    assert row["stall_fraction_by_epoch"] == [0.2, 0.2]
+    assert row["moved"] == 4 and row["x"] == "a"  # not a number in every round: the first
+    assert median_result([*rounds, {"error": "exit 1: boom", "peak_pss_mb": 3.0}]) == {
+        "error": "exit 1: boom",
+        "peak_pss_mb": None,
+    }
