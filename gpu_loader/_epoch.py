@@ -613,9 +613,10 @@ class CpuEpoch(EpochBase):
         # measures (`RunSizer`): one sample per call while reads are slow enough that its
         # slow lane must be able to move a single sample.
         self.sizer = loader._run_sizer()
-        self.run_size = self.sizer.most if self.sizer else loader._samples_per_task()
+        sizer = self.sizer
+        self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
-        run_size = self.sizer.size if self.sizer else lambda n=self.run_size: n
+        run_size = sizer.size if sizer is not None else lambda n=self.run_size: n
         # With runs, the decode stage's lane learns from whole runs; whether one decode
         # holds its batch (`pop_batch`) is judged per sample, by the same rule.
         self.decode_limit = self.straggler_threshold() if self.rows is not None and runs else None
@@ -650,7 +651,9 @@ class CpuEpoch(EpochBase):
                 slow_lane=self.decode_lane,
             )
             # A run's worth per slot (one sample each while the sizer says 1).
-            .add_sink(buffer_size=max(2, loader.batch_size // (1 if self.sizer else self.run_size)))
+            .add_sink(
+                buffer_size=max(2, loader.batch_size // (1 if sizer is not None else self.run_size))
+            )
             .build()
         )
         self.feeds(self.pipeline)
