@@ -191,6 +191,7 @@ class EpochBase:
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
+        self.close_lock = threading.Lock()
         self._abandoned = False  # the training loop let go of the iterator mid-epoch
         self.stopped_because: str | None = None
 
@@ -556,9 +557,10 @@ class EpochBase:
         epoch's iterator) makes that iterator raise it instead of ending quietly."""
         if reason is not None and self.stopped_because is None and not self.finished:
             self.stopped_because = reason
-        if self._closed:
-            return
-        self._closed = True
+        with self.close_lock:  # one closer (another thread, a finalizer) does the work
+            if self._closed:
+                return
+            self._closed = True
         try:
             self.stop_feeding()
             self.shutdown()

@@ -355,7 +355,10 @@ class ImageLoader:
         # loader alive, never the other way round, so dropping both frees their threads.
         self._active: weakref.ref[EpochBase] | None = None
         self._iterator: weakref.ref[Any] | None = None  # the running epoch's generator
-        self._lock = threading.Lock()
+        # Re-entrant: an epoch freed by the cyclic garbage collector closes itself (its
+        # generator's `finally`, or the finalizer below), which may happen inside any
+        # allocation, this lock's own sections included.
+        self._lock = threading.RLock()
         self._monitor: Monitor | None = None
         self._stats_at_close: LoaderStats | None = None
         self._arenas: tuple[PinnedArena, PinnedArena] | None = None
@@ -510,7 +513,7 @@ class ImageLoader:
         # A generator dropped before its first next() runs none of its code, and the
         # epoch's pipeline is held by the engine's finalizer through the epoch's own stage
         # callables: without this the epoch, and this loader with it, would stay alive.
-        epoch.unstarted = weakref.finalize(iterator, epoch.close)
+        epoch.unstarted = weakref.finalize(iterator, _close_abandoned, epoch)
         epoch.unstarted.atexit = False  # no threads to stop yet: nothing to do at exit
         self._iterator = weakref.ref(iterator)
         return iterator
@@ -865,7 +868,8 @@ class ImageLoader:
         engine_stats: Any,
         batcher_stats: BatcherStats,
     ) -> None:
-        if epoch.pass_number == self._passes:
+        latest = epoch.pass_number == self._passes  # no newer pass has started
+        if latest:
             self._closed_progress = epoch.received
         texts = self._failure_texts  # keys too: ImageFolder builds each key on each call
         records = [
@@ -875,8 +879,11 @@ class ImageLoader:
         with self._lock:
             self._failed.extend(records)
             epoch.reported = True  # `failed_samples` now finds its records in `_failed`
-            self._last_engine_stats = engine_stats
-            self._last_batcher_stats = batcher_stats
+            if latest:
+                self._last_engine_stats = engine_stats
+                self._last_batcher_stats = batcher_stats
+        if not latest:
+            return  # closed late (an abandoned pass): the monitor is the newer pass's now
         # No thread outlives an epoch: the samplers and the logger start again with the next.
         if self._logger is not None:
             self._logger.close()
@@ -886,6 +893,15 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
+
+
+def _close_abandoned(epoch: EpochBase) -> None:
+    """Close an epoch whose iterator was dropped before it started, from a thread of its
+    own: this runs wherever the garbage collector freed the iterator, which may be inside
+    a section holding a lock that closing takes (the loader's, a monitor's)."""
+    closer = threading.Thread(target=epoch.close, name="gpu_loader-close-abandoned", daemon=True)
+    with contextlib.suppress(RuntimeError):  # the interpreter is exiting: no new threads
+        closer.start()
 
 
 def _as_int(value: object, refusal: str) -> int:

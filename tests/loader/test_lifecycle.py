@@ -331,3 +331,50 @@ def test_a_batch_handed_over_while_another_thread_closes_is_in_the_saved_state(
     state = loader.state_dict()["batcher"]
     delivered_count = sum(stop - start for start, stop in state["delivered"])
     assert delivered_count == len(got) == 2 * loader.batch_size
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_an_iterator_freed_by_the_cycle_collector_under_the_loader_s_lock_does_not_hang(
+    photo_dir: Path, started: bool
+) -> None:
+    # An iterator held only by a reference cycle (an exception kept in a local, say) is
+    # freed at whatever allocation sets off the collector: inside `stats()` or
+    # `failed_samples()`, which hold the loader's lock, its epoch's close took that same
+    # lock again, in the same thread, and waited for good.
+    import gc
+    import weakref
+
+    loader = make(gl.sources.ImageFolder(photo_dir))
+    gc.disable()
+    try:
+
+        def in_a_cycle() -> None:
+            iterator = iter(loader)
+            if started:
+                next(iterator)
+            box: list[Any] = [iterator]
+            box.append(box)
+
+        in_a_cycle()
+        epoch = loader._epoch()
+        assert epoch is not None
+        gone = weakref.ref(epoch)
+        del epoch
+        done = threading.Event()
+
+        def collect_holding_the_lock() -> None:
+            with loader._lock:
+                gc.collect()
+            done.set()
+
+        threading.Thread(target=collect_holding_the_lock, daemon=True).start()
+        assert done.wait(20), "the collector's close of the epoch waited on the loader's lock"
+    finally:
+        gc.enable()
+    deadline = time.monotonic() + 20
+    while gone() is not None and time.monotonic() < deadline:  # closed in its own thread
+        gc.collect()
+        time.sleep(0.01)
+    assert gone() is None
+    assert loader.failed_samples() == [] and loader.stats() is not None
+    assert len(list(loader)) == len(loader)
