@@ -651,6 +651,8 @@ class ImageLoader:
         active = self._epoch()
         with self._lock:
             running = len(active.failures()) if active is not None and not active.reported else 0
+            if active is not None and active.reported:
+                running = 0  # closed meanwhile (the lock is re-entrant): its records moved
             return len(self._failed) + running
 
     def stats(self) -> LoaderStats:

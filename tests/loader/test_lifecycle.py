@@ -378,3 +378,26 @@ def test_an_iterator_freed_by_the_cycle_collector_under_the_loader_s_lock_does_n
     assert gone() is None
     assert loader.failed_samples() == [] and loader.stats() is not None
     assert len(list(loader)) == len(loader)
+
+
+def test_failures_are_counted_once_when_the_epoch_closes_while_they_are_counted(
+    bad_list: tuple[FileList, set[str]],
+) -> None:
+    # The loader's lock is re-entrant (a collector-driven close may run inside it): an
+    # epoch closed while `stats()` counted its failures had them counted twice, in the
+    # loader's records and as the running epoch's.
+    loader = make(bad_list[0], batch_size=4, shuffle=False)
+    iterator = iter(loader)
+    while len(loader.failed_samples()) < 2:  # mid-epoch, with failures recorded
+        next(iterator)
+    epoch = loader._epoch()
+    assert epoch is not None and not epoch.reported
+    counted = epoch.failures
+
+    def close_then_count() -> list[Any]:
+        records = counted()
+        epoch.close()  # as the cycle collector would, mid-count
+        return records
+
+    epoch.failures = close_then_count  # type: ignore[method-assign]
+    assert loader._failure_count() == len(loader.failed_samples())
