@@ -40,6 +40,7 @@ from gpu_loader.ops import load_into
 from gpu_loader.pipeline import (
     IDLE,
     FailureRecord,
+    LaneThreshold,
     Pipeline,
     PipelineBuilder,
     PipelineFailure,
@@ -251,8 +252,6 @@ class EpochBase:
         return sampler.num_samples + sampler.rank + sampler.world_size * position
 
     def restored_failures(self) -> list[FailedSample]:
-        if not self.received.ledger.failed:
-            return []
         failed = self.received.ledger.failed_positions()
         key = self.loader.source.key
         note = "failed before the checkpoint this epoch resumed from (its error is not saved)"
@@ -608,7 +607,7 @@ class CpuEpoch(EpochBase):
                 spare=loader._sample_spares(),
             )
         order: Literal["completion"] = "completion"
-        self.decode_lane = self.slow_lane(loader.decode_threads)
+        decode_lane = self.slow_lane(loader.decode_threads)
         # Samples go in runs of consecutive positions, one engine call per run and stage:
         # the per-call costs under the GIL (queue hops, counters, stage bookkeeping) are
         # paid once per run, not per sample. Straggler mode sizes each run from what it
@@ -619,9 +618,12 @@ class CpuEpoch(EpochBase):
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
         run_size = sizer.size if sizer is not None else lambda n=self.run_size: n
-        # With runs, the decode stage's lane learns from whole runs; whether one decode
-        # holds its batch (`pop_batch`) is judged per sample, by the same rule.
-        self.decode_limit = self.straggler_threshold() if self.rows is not None and runs else None
+        # Straggler mode: when one decode counts as a straggler (`pop_batch`). With runs
+        # the decode stage's lane learns from whole runs, so a threshold of the same rule
+        # learns from single decodes (`each_in_run`); without, it is the lane's own.
+        self.decode_limit: LaneThreshold | None = None
+        if decode_lane is not None:
+            self.decode_limit = self.straggler_threshold() if runs else decode_lane.threshold
         # A run's failed samples are recorded here with the engine's own rules, per stage
         # and per sample: `run_calls` counts the samples each stage has finished.
         self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
@@ -650,7 +652,7 @@ class CpuEpoch(EpochBase):
                 output_order=order,
                 max_failures=None if runs else loader.max_failures,
                 key_fn=run_key if runs else task_key,
-                slow_lane=self.decode_lane,
+                slow_lane=decode_lane,
             )
             # A run's worth per slot (one sample each while the sizer says 1).
             .add_sink(
@@ -746,15 +748,9 @@ class CpuEpoch(EpochBase):
         for i, task in enumerate(run):
             if self.stopping.is_set():
                 break
+            began = clock()
             try:
-                began = clock()
                 op(task)
-                if sizer is not None or limit is not None:
-                    took = clock() - began
-                    if sizer is not None:
-                        sizer.observe(stage, took)
-                    if limit is not None:
-                        limit.observe(took)
             except Exception as exc:
                 self.run_failure(stage, task, exc, i)
             except BaseException:
@@ -762,6 +758,12 @@ class CpuEpoch(EpochBase):
                 raise
             else:
                 kept.append(task)
+                if sizer is not None or limit is not None:  # straggler mode's per-sample times
+                    took = clock() - began
+                    if sizer is not None:
+                        sizer.observe(stage, took)
+                    if limit is not None:
+                        limit.observe(took)
         self.run_done(stage, len(run))
         return kept
 
@@ -880,14 +882,9 @@ class CpuEpoch(EpochBase):
         moves = self.formed.empty()
         if not moves or self.rows is None:
             return self.batcher.pop(moves=moves)
-        # Per sample: the decode stage's own lane learns from whole runs when there are
-        # runs. `slow_lane` builds an AdaptiveThreshold, which is thread-safe: it may be
-        # asked from this thread too, not only under the stage's lock.
-        lane = self.decode_lane
-        if self.decode_limit is not None:
-            limit = self.decode_limit.limit()
-        else:
-            limit = lane.threshold.limit() if lane is not None else None
+        # `decode_limit` is an AdaptiveThreshold, which is thread-safe: it may be asked
+        # from this thread too, not only under the decode stage's lock.
+        limit = self.decode_limit.limit() if self.decode_limit is not None else None
         return self.batcher.pop(wait_for=self.rows.hold_back(limit))
 
     def batching_stats(self) -> BatcherStats:

@@ -650,9 +650,11 @@ class ImageLoader:
         """``len(failed_samples())`` without copying the records (`stats` runs often)."""
         active = self._epoch()
         with self._lock:
-            running = len(active.failures()) if active is not None and not active.reported else 0
-            if active is not None and active.reported:
-                running = 0  # closed meanwhile (the lock is re-entrant): its records moved
+            running = 0
+            if active is not None and not active.reported:
+                running = len(active.failures())
+                if active.reported:  # closed meanwhile (the lock is re-entrant): moved in
+                    running = 0
             return len(self._failed) + running
 
     def stats(self) -> LoaderStats:
