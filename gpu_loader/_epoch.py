@@ -96,6 +96,12 @@ def run_key(tasks: Sequence[Any]) -> str:
     return keys[0] if len(keys) == 1 else f"{keys[0]} (+{len(keys) - 1} more)"
 
 
+def _run_weight(run: Sequence[Any]) -> int:
+    """A run's weight in its stage's slow lane: its samples (a run whose samples all
+    failed to read reaches the decode stage empty, and takes no time there)."""
+    return max(1, len(run))
+
+
 def _each_task(stream: Iterable[Any]) -> Iterator[Any]:
     """A pipeline's completed runs as single tasks (idle ticks pass through)."""
     for done in stream:
@@ -348,14 +354,22 @@ class EpochBase:
             self.in_flight -= count
             self.cond.notify_all()
 
-    def slow_lane(self, threads: int) -> SlowLane | None:
+    def slow_lane(self, threads: int, *, runs: bool = False) -> SlowLane | None:
         """Straggler mode: a task running past the adaptive threshold moves its worker to
         a slow lane and a replacement keeps the stage at strength (each stage learns its
-        own threshold: slow reads and slow decodes are different populations)."""
+        own threshold: slow reads and slow decodes are different populations). With
+        ``runs`` a task is a run of samples, weighed by its length: the threshold learns
+        per sample, so it holds when the run size changes (one sample per call while the
+        run sizer warms up, then runs of 8: a limit learnt from single samples moved
+        every run, and the replacement threads slowed the rest on a 2-core machine)."""
         if self.loader.batching != "straggler":
             return None
         limit = self.loader.options.max_slow_threads or threads
-        return SlowLane(max_threads=limit, threshold=self.straggler_threshold())
+        return SlowLane(
+            max_threads=limit,
+            threshold=self.straggler_threshold(),
+            weight=_run_weight if runs else None,
+        )
 
     def straggler_threshold(self) -> AdaptiveThreshold:
         """When a task counts as a straggler. p75 x 4 rather than a high percentile: with
@@ -607,7 +621,6 @@ class CpuEpoch(EpochBase):
                 spare=loader._sample_spares(),
             )
         order: Literal["completion"] = "completion"
-        decode_lane = self.slow_lane(loader.decode_threads)
         # Samples go in runs of consecutive positions, one engine call per run and stage:
         # the per-call costs under the GIL (queue hops, counters, stage bookkeeping) are
         # paid once per run, not per sample. Straggler mode sizes each run from what it
@@ -618,9 +631,11 @@ class CpuEpoch(EpochBase):
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
         run_size = sizer.size if sizer is not None else lambda n=self.run_size: n
+        decode_lane = self.slow_lane(loader.decode_threads, runs=runs)
         # Straggler mode: when one decode counts as a straggler (`pop_batch`). With runs
-        # the decode stage's lane learns from whole runs, so a threshold of the same rule
-        # learns from single decodes (`each_in_run`); without, it is the lane's own.
+        # the decode stage's lane learns each run's time per sample, an average that
+        # hides one slow decode, so a threshold of the same rule learns from single
+        # decodes (`each_in_run`); without, it is the lane's own.
         self.decode_limit: LaneThreshold | None = None
         if decode_lane is not None:
             self.decode_limit = self.straggler_threshold() if runs else decode_lane.threshold
@@ -643,7 +658,7 @@ class CpuEpoch(EpochBase):
                 output_order=order,
                 max_failures=None if runs else loader.max_failures,  # see run_policies
                 key_fn=run_key if runs else task_key,
-                slow_lane=self.slow_lane(loader.io_threads),
+                slow_lane=self.slow_lane(loader.io_threads, runs=runs),
             )
             .pipe(
                 self.decode_run if runs else self.decode,

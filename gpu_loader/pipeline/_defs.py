@@ -80,6 +80,11 @@ class SlowLane:
     poll_s: float = 0.002
     """The watchdog's shortest sleep: it checks running tasks when the oldest could pass
     the limit, at least ``poll_s`` and at most ``10 * poll_s`` apart."""
+    weight: Callable[[Any], float] | None = None
+    """A task's size, for stages whose items are of different sizes (runs of samples,
+    say): the threshold observes each task's duration divided by its weight, and a task
+    moves once it has run ``limit() * weight``. None: every task weighs 1. Weights must
+    be > 0."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_threads, bool) or not isinstance(self.max_threads, int):
@@ -98,6 +103,8 @@ class SlowLane:
             raise TypeError(f"`clock` must be a callable returning seconds, got {self.clock!r}")
         if not self.poll_s > 0:
             raise ValueError(f"`poll_s` must be > 0, got {self.poll_s}")
+        if self.weight is not None and not callable(self.weight):
+            raise TypeError(f"`weight` must be a callable or None, got {self.weight!r}")
 
 
 def check_max_failures(value: int | float | None) -> None:

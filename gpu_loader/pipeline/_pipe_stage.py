@@ -160,7 +160,7 @@ class PipeStage(Stage):
                 self.saw_eos(inq)
                 return
             if slot is not None:
-                slot.begin()
+                slot.begin(item)
             try:
                 result = call(item)
             except Exception as exc:

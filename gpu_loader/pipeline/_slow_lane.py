@@ -1,15 +1,15 @@
 """The slow lane of a ``pipe`` stage: a watchdog moves workers stuck on a long task aside.
 
-A worker whose current task has run longer than ``threshold.limit()`` is marked slow; it
-finishes that task (never restarted, so never run twice), hands the result on and
-exits. The watchdog starts a replacement at once, so the fast lane keeps ``concurrency``
+A worker whose current task has run longer than ``threshold.limit()`` (times the task's
+``weight``, when the lane has one) is marked slow; it finishes that task (never
+restarted, so never run twice), hands the result on and exits. The watchdog starts a replacement at once, so the fast lane keeps ``concurrency``
 workers taking new items. At most ``max_threads`` workers are slow at a time.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._defs import SlowLane
 
@@ -25,18 +25,25 @@ limit that changes while it sleeps)."""
 class WorkerSlot:
     """One worker's running task as the watchdog sees it."""
 
-    __slots__ = ("_clock", "lock", "slow", "started")
+    __slots__ = ("_clock", "_weigh", "lock", "slow", "started", "weight")
 
     def __init__(self, lane: SlowLane) -> None:
         self.lock = threading.Lock()
         self._clock = lane.clock
+        self._weigh = lane.weight
         self.started: float | None = None  # clock() when the running task began
+        self.weight = 1.0  # the running task's (`SlowLane.weight`)
         self.slow = False
 
-    def begin(self) -> None:
+    def begin(self, item: Any) -> None:
+        weight = 1.0
+        if self._weigh is not None:
+            weight = float(self._weigh(item))
+            if not weight > 0:
+                raise ValueError(f"a slow lane's `weight` must be > 0, got {weight}")
         now = self._clock()
         with self.lock:
-            self.started = now
+            self.started, self.weight = now, weight
 
 
 class LaneState:
@@ -65,10 +72,10 @@ class LaneState:
         now = self._lane.clock()
         with slot.lock:
             started, slot.started = slot.started, None
-            moved = slot.slow
+            moved, weight = slot.slow, slot.weight
         if started is not None:
             with self._lock:
-                self._lane.threshold.observe(now - started)
+                self._lane.threshold.observe((now - started) / weight)
         return moved
 
     def worker_exited(self, slot: WorkerSlot) -> None:
@@ -114,12 +121,12 @@ class LaneState:
                 return 0
             now = lane.clock()
             moved = 0
-            next_due = limit  # a task starting now
+            next_due = limit  # a task of weight 1 starting now
             for slot in list(self._fast):
                 with slot.lock:
                     if slot.started is None:
                         continue
-                    left = limit - (now - slot.started)
+                    left = limit * slot.weight - (now - slot.started)
                     if left >= 0 or self._slow_size >= lane.max_threads:
                         next_due = min(next_due, max(left, 0.0))
                         continue

@@ -772,7 +772,7 @@ def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
             assembled.append((set(positions), self.fresh > fresh))
         return out
 
-    def lane(self: Any, threads: int) -> SlowLane:
+    def lane(self: Any, threads: int, *, runs: bool = False) -> SlowLane:
         # A 10 s floor: no ordinary decode turns into a straggler when this busy machine
         # stalls a thread for a few ms (that one's batch would rightly go without it, and
         # be copied whole). The big file is not held back by the lane but by its size.
@@ -806,6 +806,31 @@ def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
     # The users' view of the copies: the big file's row at least, and the spy's count.
     assert stats.rows_copied >= 1
     assert stats.batches_copied == sum(fresh for _, fresh in assembled)
+
+
+def test_the_slow_lanes_measure_runs_per_sample(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Straggler mode's runs: a decode lane that learnt whole runs' times would be off by
+    # the run size whenever that changes (one sample per call while the run sizer warms
+    # up, then runs of 8: every run moved to the slow lane in a loader's first epoch).
+    import gpu_loader._epoch as epoch_module
+
+    real = epoch_module.load_into
+
+    def takes_5ms(*args: Any, **kw: Any) -> Any:
+        time.sleep(0.005)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", takes_5ms)
+    items = [(unique_list.key(i % len(unique_list)), i) for i in range(3 * len(unique_list))]
+    options = gl.LoaderOptions(samples_per_task=4, decode_threads=2, io_threads=2)
+    loader = make(FileList(items), batch_size=4, batching="straggler", options=options)
+    assert sum(len(y) for _, y in loader) == len(items)
+    decode = next(s for s in loader.stats().stages if s.name == "decode")
+    # 4 x p75 of ~5 ms per sample (runs of 4 take ~20 ms: 4 x that would be ~80 ms)
+    assert decode.slow_lane_limit_s is not None and 0.015 < decode.slow_lane_limit_s < 0.05
+    loader.close()
 
 
 def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(

@@ -199,6 +199,48 @@ def test_slow_lane_validation() -> None:
         SlowLane(0, FixedThreshold(1.0))
     with pytest.raises(TypeError, match="LaneThreshold"):
         SlowLane(1, object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="weight"):
+        SlowLane(1, FixedThreshold(1.0), weight=3)  # type: ignore[arg-type]
+
+
+class Recording:
+    """A fixed limit that keeps what it observed."""
+
+    def __init__(self, limit: float) -> None:
+        self.seen: list[float] = []
+        self._limit = limit
+
+    def observe(self, duration_s: float) -> None:
+        self.seen.append(duration_s)
+
+    def limit(self) -> float | None:
+        return self._limit
+
+
+def test_weighted_tasks_are_measured_and_limited_per_unit() -> None:
+    """Runs of samples: a run of 8 may take 8 limits, and the threshold learns per sample
+    (a lane trained on single samples must not move every run once runs begin)."""
+    from gpu_loader.pipeline._slow_lane import LaneState
+
+    now = [0.0]
+    threshold = Recording(0.010)
+    lane = SlowLane(2, threshold, clock=lambda: now[0], poll_s=0.001, weight=len)
+    state = LaneState(None, lane)  # type: ignore[arg-type]  # the stage is not used here
+    run, single = state.new_slot(), state.new_slot()
+    run.begin(list(range(8)))
+    single.begin([0])
+    now[0] = 0.012
+    assert state._move_stragglers() == 1  # the single sample passed 10 ms; the run did not
+    assert single.slow and not run.slow
+    assert state._wait == pytest.approx(0.010)  # a new single sample could pass 10 ms by then
+    now[0] = 0.040
+    assert not state.task_done(run)
+    assert threshold.seen == [pytest.approx(0.005)]  # 40 ms over 8 samples
+    run.begin(list(range(8)))
+    now[0] = 0.040 + 0.081
+    assert state._move_stragglers() == 1 and run.slow
+    with pytest.raises(ValueError, match="weight"):
+        state.new_slot().begin([])  # an empty run weighs 0
 
 
 def test_watchdog_sleeps_until_a_task_can_pass_the_limit() -> None:
@@ -210,9 +252,9 @@ def test_watchdog_sleeps_until_a_task_can_pass_the_limit() -> None:
     assert state._move_stragglers() == 0
     assert state._wait == pytest.approx(0.010)  # nothing running: a new task's whole limit
     first, second = state.new_slot(), state.new_slot()
-    first.begin()
+    first.begin("a")
     now[0] = 0.004
-    second.begin()
+    second.begin("b")
     assert state._move_stragglers() == 0
     assert state._wait == pytest.approx(0.006)  # when `first` could pass the limit
     now[0] = 0.0105
