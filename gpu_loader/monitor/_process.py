@@ -5,13 +5,18 @@ wall time, like ``top``: 100 means one core fully busy, so a process using 4 cor
 reads 400. ``cpu_percent_normalised`` divides by the logical CPU count (0-100).
 Memory: RSS from ``memory_info()``; PSS from ``memory_full_info().pss`` where the OS
 has it (Linux), else None. PSS splits shared pages between the processes sharing
-them, so it is the fair number to compare with multi-process loaders.
+them, so it is the fair number to compare with multi-process loaders. It is also
+costly: the kernel walks the process's page tables for it (4-8 ms at 225 MB RSS on the
+dev machine, and proportional to RSS), so it is read no more often than keeps that
+under `PSS_CPU_SHARE` of one core, and not in the final reading of `close()` (which a
+loader takes in the training loop's thread at every epoch's end: 10 ms per epoch).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import sys
 import threading
@@ -23,6 +28,10 @@ from typing import Any
 from ._periodic import PeriodicThread, check_interval
 
 _log = logging.getLogger("gpu_loader.monitor")
+
+PSS_CPU_SHARE = 0.01
+"""The most of one core's time that reading PSS may take: after a reading that took ``t``
+seconds, the next is due ``t / PSS_CPU_SHARE`` later (at most every tick)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,8 @@ class ProcessSnapshot:
     rss_bytes: int | None
     """Resident set size at the latest reading."""
     pss_bytes: int | None
-    """Proportional set size at the latest reading; None where the OS lacks it."""
+    """Proportional set size at the latest PSS reading (rarer than the others when reading
+    it is slow: see `PSS_CPU_SHARE`); None where the OS lacks it."""
     peak_rss_bytes: int | None
     """Largest RSS seen."""
     peak_pss_bytes: int | None
@@ -87,6 +97,7 @@ class ProcessSampler(PeriodicThread):
         self._peak_pss: int | None = None
         self._threads: int | None = None
         self._has_pss = True
+        self._pss_due = -math.inf  # clock() from which PSS may be read again
         self._warned = False
 
     def _setup(self) -> bool:
@@ -104,10 +115,12 @@ class ProcessSampler(PeriodicThread):
         # interpreter shuts down (a loader closed by garbage collection at exit): psutil
         # cannot read then, and there is nobody left to read the figure.
         if self._readings and not sys.is_finalizing():
-            self.sample_once()
+            self.sample_once(pss=False)
 
     def _read_pss(self) -> int | None:
-        if not self._has_pss:
+        """PSS now, or None when unavailable or not yet due (`PSS_CPU_SHARE`)."""
+        began = self._clock()
+        if not self._has_pss or began < self._pss_due:
             return None
         try:
             pss = getattr(self._proc.memory_full_info(), "pss", None)
@@ -117,10 +130,13 @@ class ProcessSampler(PeriodicThread):
         if pss is None:
             self._has_pss = False  # no point asking every tick
             return None
+        took = self._clock() - began
+        self._pss_due = began + took / PSS_CPU_SHARE
         return int(pss)
 
-    def sample_once(self) -> bool:
-        """Take one reading now; False (and one warning) if the process can't be read."""
+    def sample_once(self, *, pss: bool = True) -> bool:
+        """Take one reading now; False (and one warning) if the process can't be read.
+        ``pss``: read PSS too if it is due (else the last PSS reading stands)."""
         if self._proc is None:
             self._proc = _default_proc()
         try:
@@ -133,7 +149,7 @@ class ProcessSampler(PeriodicThread):
                 self._warned = True
                 _log.warning("process sampling failed: %s: %s", type(exc).__name__, exc)
             return False
-        pss = self._read_pss()
+        pss_now = self._read_pss() if pss else None
         now = self._clock()
         with self._data_lock:
             if self._first_cpu_s is None:
@@ -141,10 +157,11 @@ class ProcessSampler(PeriodicThread):
             self._readings.append(_Reading(now, cpu_s))
             while len(self._readings) > 2 and self._readings[1].time_s <= now - self.window_s:
                 self._readings.popleft()  # keep one reading at/just before the window start
-            self._rss, self._pss, self._threads = rss, pss, threads
+            self._rss, self._threads = rss, threads
             self._peak_rss = max(rss, self._peak_rss or 0)
-            if pss is not None:
-                self._peak_pss = max(pss, self._peak_pss or 0)
+            if pss_now is not None:
+                self._pss = pss_now
+                self._peak_pss = max(pss_now, self._peak_pss or 0)
         return True
 
     def snapshot(self) -> ProcessSnapshot:

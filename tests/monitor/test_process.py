@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,40 @@ def test_peaks_and_missing_pss() -> None:
     snap = sampler.snapshot()
     assert snap.pss_bytes is None and snap.peak_pss_bytes is None
     assert snap.rss_bytes == 200 << 20 and snap.peak_rss_bytes == 500 << 20
+
+
+def test_pss_is_read_no_more_often_than_its_cost_allows() -> None:
+    # The kernel walks the page tables for PSS (milliseconds, more with a larger RSS):
+    # at most 1% of one core goes to it, and never to the final reading of close(),
+    # which a loader takes in the training loop's thread at each epoch's end.
+    from gpu_loader.monitor._process import PSS_CPU_SHARE
+
+    clock, proc = ScriptedClock(start=0.0), FakeProc()
+    reads: list[float] = []
+    full_info = proc.memory_full_info
+
+    def costly() -> Any:
+        reads.append(clock())
+        clock.advance(0.02)
+        return full_info()
+
+    proc.memory_full_info = costly  # type: ignore[method-assign]
+    sampler = ProcessSampler(0.5, clock=clock, proc=proc)
+    for tick in range(10):
+        proc.pss = (80 + tick) << 20
+        sampler.sample_once()
+        clock.advance(0.5)
+    # 20 ms per reading: the next is due 0.02 / 0.01 = 2 s after the last began.
+    assert PSS_CPU_SHARE == 0.01
+    assert reads == pytest.approx([0.0, 2.02, 4.04])
+    snap = sampler.snapshot()
+    assert snap.pss_bytes == snap.peak_pss_bytes == (80 + 8) << 20  # the reading at 4.04 s
+    assert snap.rss_bytes == 100 << 20  # RSS is read every tick
+    clock.advance(10.0)
+    sampler.sample_once(pss=False)  # close()'s final reading
+    assert len(reads) == 3
+    sampler.sample_once()
+    assert len(reads) == 4
 
 
 def test_unreadable_process_warns_once(caplog: pytest.LogCaptureFixture) -> None:
