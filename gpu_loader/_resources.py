@@ -1,11 +1,14 @@
-"""Where the package's data files live once installed.
+"""Where the package's data files live once installed, and where it keeps what it makes.
 
 The repository's top-level ``kernels/`` folder is installed as the data-only package
-``gpu_loader.kernels``; this module is the one place that finds it.
+``gpu_loader.kernels``; this module is the one place that finds it, and the one place
+that decides the cache folder (`cache_root`).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -35,3 +38,23 @@ def read_kernel(name: str) -> str:
     if not entry.is_file():
         raise FileNotFoundError(f"kernel source {name!r} is not in {kernel_dir()}")
     return entry.read_text(encoding="utf-8")
+
+
+def cache_root() -> Path:
+    """Where the package keeps what it makes: generated datasets (the CLI, benchmarks and
+    examples) and, under ``emulation/``, the CPU emulation builds of the CUDA kernels.
+
+    ``$GPU_LOADER_CACHE``; else ``$GPU_LOADER_CACHE_DIR`` (the emulation's own variable
+    before there was one for both, still honoured); else ``$XDG_CACHE_HOME/gpu_loader``;
+    else ``~/.cache/gpu_loader``; else, with no writable home (some containers), a
+    per-user folder in the temporary directory.
+    """
+    for var in ("GPU_LOADER_CACHE", "GPU_LOADER_CACHE_DIR"):
+        if value := os.environ.get(var):
+            return Path(value)
+    if value := os.environ.get("XDG_CACHE_HOME"):
+        return Path(value) / "gpu_loader"
+    home = Path.home()
+    if home.is_dir() and os.access(home, os.W_OK):
+        return home / ".cache" / "gpu_loader"
+    return Path(tempfile.gettempdir()) / f"gpu_loader-{os.getuid()}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import gpu_loader
+from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -49,9 +50,8 @@ _MAKE_FLAGS = {
 
 
 def cache_dir() -> Path:
-    """Where generated datasets are kept (``$GPU_LOADER_CACHE`` or ``~/.cache/gpu_loader``)."""
-    env = os.environ.get("GPU_LOADER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "gpu_loader"
+    """Where generated datasets are kept (`gpu_loader._resources.cache_root`)."""
+    return cache_root()
 
 
 # ---------------------------------------------------------------------------- parser

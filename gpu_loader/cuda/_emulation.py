@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from gpu_loader._resources import read_kernel
+from gpu_loader._resources import cache_root, read_kernel
 from gpu_loader.cuda._launch import SAMPLE_DTYPE, FusedPlan, ImageRef, OutputDtype, plan_fused
 
 EMULATION_HEADER = "cuda_emulation.h"
@@ -56,16 +56,7 @@ def compiler() -> str:
 
 def cache_dir() -> Path:
     """Where built emulation libraries are kept."""
-    env = os.environ.get("GPU_LOADER_CACHE_DIR")
-    if env:
-        base = Path(env)
-    elif os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]) / "gpu_loader"
-    elif Path.home().is_dir() and os.access(Path.home(), os.W_OK):
-        base = Path.home() / ".cache" / "gpu_loader"
-    else:
-        base = Path(tempfile.gettempdir()) / f"gpu_loader-{os.getuid()}"
-    return base / "emulation"
+    return cache_root() / "emulation"
 
 
 @functools.cache

@@ -113,7 +113,7 @@ def test_emulation_library_is_cached_by_source_hash(
 ) -> None:
     import gpu_loader.cuda._emulation as emulation
 
-    monkeypatch.setenv("GPU_LOADER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GPU_LOADER_CACHE", str(tmp_path))
     emulation.load_library.cache_clear()
     try:
         emulation.load_library()
