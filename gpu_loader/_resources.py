@@ -54,7 +54,25 @@ def cache_root() -> Path:
             return Path(value)
     if value := os.environ.get("XDG_CACHE_HOME"):
         return Path(value) / "gpu_loader"
-    home = Path.home()
-    if home.is_dir() and os.access(home, os.W_OK):
+    try:
+        home: Path | None = Path.home()
+    except RuntimeError:  # no $HOME and no passwd entry for this uid
+        home = None
+    if home is not None and home.is_dir() and os.access(home, os.W_OK):
         return home / ".cache" / "gpu_loader"
-    return Path(tempfile.gettempdir()) / f"gpu_loader-{os.getuid()}"
+    return _private_temp_folder()
+
+
+def _private_temp_folder() -> Path:
+    """``<tmp>/gpu_loader-<uid>``, made private to this user; if someone else made it
+    first (its name is predictable, and the kernels' emulation loads libraries from the
+    cache), a fresh folder of our own instead."""
+    folder = Path(tempfile.gettempdir()) / f"gpu_loader-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+        if info.st_uid == os.getuid() and not info.st_mode & 0o022 and folder.is_dir():
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix=f"gpu_loader-{os.getuid()}-"))

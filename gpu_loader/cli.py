@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
             "the report: throughput, data-stall %, GPU idleness (or 'no GPU'), a per-stage "
             "table, the bottleneck and failures. Without --data it uses a built-in dataset of "
             "generated photo-like images, created once in the cache folder "
-            "($GPU_LOADER_CACHE or ~/.cache/gpu_loader)."
+            "($GPU_LOADER_CACHE, else $XDG_CACHE_HOME/gpu_loader or ~/.cache/gpu_loader)."
         ),
     )
     demo.add_argument("--data", help=_DATA_HELP)

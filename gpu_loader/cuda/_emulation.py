@@ -1,7 +1,7 @@
 """Run ``kernels/*.cu`` on the CPU: host C++ compiler + ``kernels/cuda_emulation.h`` + ctypes.
 
 The kernels compile with ``g++ -DGPU_LOADER_EMULATION`` into a shared library, cached in
-``$GPU_LOADER_CACHE_DIR`` (default: the user cache dir, else the temp dir) under a name
+the package's cache folder (`gpu_loader._resources.cache_root`, under ``emulation/``) under a name
 keyed by the hash of the sources and the compiler command, so an edited kernel is
 rebuilt and an unchanged one is not. :func:`launch_fused_emulated` has the CUDA
 launcher's signature and shares its planning (:func:`gpu_loader.cuda._launch.plan_fused`),

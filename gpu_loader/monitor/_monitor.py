@@ -148,7 +148,9 @@ class Monitor:
 
     def _renew_samplers(self) -> None:
         cfg = self.config
+        previous = self.process
         self.process = ProcessSampler(cfg.interval_s, window_s=cfg.window_s, proc=self._proc)
+        self.process.continue_pss(previous)  # PSS stays on its own, slower schedule
         # An NVML sampler that found no NVML has no thread and already said why once: keep
         # it (and its reason) rather than warn again every epoch.
         if self.gpu is not None and self.gpu.snapshot().available:

@@ -9,7 +9,7 @@ them, so it is the fair number to compare with multi-process loaders. It is also
 costly: the kernel walks the process's page tables for it (4-8 ms at 225 MB RSS on the
 dev machine, and proportional to RSS), so it is read no more often than keeps that
 under `PSS_CPU_SHARE` of one core, and not in the final reading of `close()` (which a
-loader takes in the training loop's thread at every epoch's end: 10 ms per epoch).
+loader takes in the training loop's thread at every epoch's end: 10-15 ms per epoch).
 """
 
 from __future__ import annotations
@@ -116,6 +116,15 @@ class ProcessSampler(PeriodicThread):
         # cannot read then, and there is nobody left to read the figure.
         if self._readings and not sys.is_finalizing():
             self.sample_once(pss=False)
+
+    def continue_pss(self, previous: ProcessSampler) -> None:
+        """Take over ``previous``'s PSS reading, peak and schedule (a monitor renews its
+        sampler every epoch: a fresh one would read PSS at once, at every epoch's start)."""
+        with previous._data_lock:
+            pss, peak = previous._pss, previous._peak_pss
+        with self._data_lock:
+            self._pss, self._peak_pss = pss, peak
+        self._has_pss, self._pss_due = previous._has_pss, previous._pss_due
 
     def _read_pss(self) -> int | None:
         """PSS now, or None when unavailable or not yet due (`PSS_CPU_SHARE`)."""

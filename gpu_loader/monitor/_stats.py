@@ -97,7 +97,9 @@ class LoaderStats:
     rss_bytes: int | None
     """Resident memory of the process."""
     pss_bytes: int | None
-    """Proportional set size of the process (Linux); None elsewhere."""
+    """Proportional set size of the process at its latest reading (Linux; read less often
+    than RSS, so it can be seconds older: see `gpu_loader.monitor._process`); None
+    elsewhere."""
     stages: tuple[Any, ...]
     """The engine's per-stage records, in pipeline order (empty if none were given). A
     loader runs one pipeline per epoch: these cover the running (or last) epoch, while

@@ -49,7 +49,7 @@ class LaneThreshold(Protocol):
     """How long a task may run on the fast lane before its worker moves to the slow lane.
 
     The engine calls ``observe`` with the duration (seconds, measured with the stage's
-    clock) of every finished task and ``limit`` from its watchdog thread. Both calls are
+    clock; per unit of weight when the lane has a `SlowLane.weight`) of every finished task and ``limit`` from its watchdog thread. Both calls are
     made under the stage's lock, so implementations need no locking of their own.
     """
 
@@ -84,7 +84,9 @@ class SlowLane:
     """A task's size, for stages whose items are of different sizes (runs of samples,
     say): the threshold observes each task's duration divided by its weight, and a task
     moves once it has run ``limit() * weight``. None: every task weighs 1. Weights must
-    be > 0."""
+    be >= 1 (the watchdog sleeps as long as a task of weight 1 needs to pass the limit);
+    a weight function that raises or breaks that stops the run, as an engine error
+    does."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_threads, bool) or not isinstance(self.max_threads, int):

@@ -38,9 +38,13 @@ class WorkerSlot:
     def begin(self, item: Any) -> None:
         weight = 1.0
         if self._weigh is not None:
-            weight = float(self._weigh(item))
-            if not weight > 0:
-                raise ValueError(f"a slow lane's `weight` must be > 0, got {weight}")
+            try:
+                weight = float(self._weigh(item))
+                if not weight >= 1:
+                    raise ValueError(f"a slow lane's `weight` must be >= 1, got {weight}")
+            except Exception as exc:
+                exc.add_note("raised by the stage's SlowLane.weight")
+                raise
         now = self._clock()
         with self.lock:
             self.started, self.weight = now, weight
@@ -101,7 +105,7 @@ class LaneState:
         ``poll_s``, at most ``MAX_WAIT_POLLS * poll_s``), not a fixed ``poll_s``: with
         tasks far shorter than the limit that is a few wake-ups per limit instead of one
         per ``poll_s``, each of which takes the GIL from the workers. A task that starts
-        while it sleeps cannot pass the limit before it wakes.
+        while it sleeps cannot pass the limit before it wakes (weights are >= 1).
         """
         stage = self._stage
         rt = stage.rt

@@ -47,7 +47,8 @@ class StageStats:
     blocked_output_s: float
     """Worker-seconds spent waiting to hand off output (backpressure), summed over workers."""
     slow_lane_limit_s: float | None
-    """The slow lane's current limit in seconds (None: no slow lane or no limit yet)."""
+    """The slow lane's current limit in seconds, per unit of weight when the lane weighs
+    its tasks (`SlowLane.weight`; None: no slow lane or no limit yet)."""
     slow_lane_moves: int
     """Workers moved to the slow lane so far."""
     slow_lane_size: int

@@ -833,6 +833,32 @@ def test_the_slow_lanes_measure_runs_per_sample(
     loader.close()
 
 
+def test_runs_after_the_run_sizers_warm_up_are_not_moved(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The automatic run sizer starts at one sample per call and goes to runs of 8 once
+    # it has measured 64 reads and decodes. A decode lane that learnt the single
+    # samples' times (its limit: 4 x ~5 ms) moved every run of 8 (~40 ms) after that.
+    import gpu_loader._epoch as epoch_module
+
+    real = epoch_module.load_into
+
+    def takes_5ms(*args: Any, **kw: Any) -> Any:
+        time.sleep(0.005)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(epoch_module, "load_into", takes_5ms)
+    items = [(unique_list.key(i % len(unique_list)), i) for i in range(4 * len(unique_list))]
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2)
+    loader = make(FileList(items), batch_size=16, batching="straggler", options=options)
+    assert sum(len(y) for _, y in loader) == len(items)
+    assert loader._sizer is not None and loader._sizer.size() == 8  # runs began
+    decode = next(s for s in loader.stats().stages if s.name == "decode")
+    assert decode.slow_lane_limit_s is not None  # the lane had a limit while runs went
+    assert decode.slow_lane_moves == 0
+    loader.close()
+
+
 def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch
 ) -> None:

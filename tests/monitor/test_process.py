@@ -97,6 +97,34 @@ def test_pss_is_read_no_more_often_than_its_cost_allows() -> None:
     assert len(reads) == 4
 
 
+def test_a_renewed_sampler_keeps_the_pss_schedule() -> None:
+    # A loader's monitor makes a new sampler every epoch: it must not read PSS at once
+    # at every epoch's start, nor forget the last reading and the peak.
+    clock, proc = ScriptedClock(start=0.0), FakeProc()
+    reads: list[float] = []
+    full_info = proc.memory_full_info
+
+    def costly() -> Any:
+        reads.append(clock())
+        clock.advance(0.02)  # the next reading is due 2 s after this one began
+        return full_info()
+
+    proc.memory_full_info = costly  # type: ignore[method-assign]
+    first = ProcessSampler(0.5, clock=clock, proc=proc)
+    first.sample_once()
+    clock.advance(0.5)
+    second = ProcessSampler(0.5, clock=clock, proc=proc)
+    second.continue_pss(first)
+    proc.pss = 1 << 20
+    second.sample_once()
+    assert reads == [0.0]
+    assert second.snapshot().pss_bytes == second.snapshot().peak_pss_bytes == 80 << 20
+    clock.advance(2.0)
+    second.sample_once()
+    assert len(reads) == 2 and second.snapshot().pss_bytes == 1 << 20
+    assert second.snapshot().peak_pss_bytes == 80 << 20
+
+
 def test_unreadable_process_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
     sampler = ProcessSampler(1.0, proc=FakeProc(fail=True))

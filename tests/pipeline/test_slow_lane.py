@@ -239,8 +239,9 @@ def test_weighted_tasks_are_measured_and_limited_per_unit() -> None:
     run.begin(list(range(8)))
     now[0] = 0.040 + 0.081
     assert state._move_stragglers() == 1 and run.slow
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(ValueError, match="weight") as raised:
         state.new_slot().begin([])  # an empty run weighs 0
+    assert "SlowLane.weight" in str(raised.value.__notes__)
 
 
 def test_watchdog_sleeps_until_a_task_can_pass_the_limit() -> None:
