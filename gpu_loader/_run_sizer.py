@@ -18,6 +18,8 @@ as it waits for a single slow decode.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gpu_loader.batching import AdaptiveThreshold
 
 MIN_SAMPLES = 64
@@ -40,9 +42,9 @@ class RunSizer:
             percentile=0.5, factor=1.0, window=256, min_samples=min_samples, refresh_every=32
         )
 
-    def observe(self, stage: str, seconds: float) -> None:
-        """One sample's read (``stage="read"``) or decode took ``seconds``."""
-        (self.reads if stage == "read" else self.decodes).observe(seconds)
+    def observe(self, stage: str, seconds: Sequence[float]) -> None:
+        """Samples' reads (``stage="read"``) or decodes took ``seconds`` each."""
+        (self.reads if stage == "read" else self.decodes).observe_many(seconds)
 
     def size(self) -> int:
         """Samples for the next run: ``most`` while no read outlasts decoding a run."""

@@ -67,7 +67,12 @@ class BatcherBase(Generic[T]):
             self._on_completed(position, ok=False)
 
     # -- draining ------------------------------------------------------------------------
-    def pop(self, *, moves: bool = True, wait_for: Collection[int] = ()) -> Batch[T] | None:
+    def pop(
+        self,
+        *,
+        moves: bool = True,
+        wait_for: Collection[int] | Callable[[], Collection[int]] = (),
+    ) -> Batch[T] | None:
         """The next batch if one can be emitted now, else None (never blocks).
 
         ``moves=False`` emits only a batch that moves no sample: one whose positions are
@@ -79,7 +84,9 @@ class BatcherBase(Generic[T]):
         of them would be skipped, the pop waits for it as with ``moves=False`` (positions
         that completed meanwhile are ignored). A loader names the samples whose moving
         would cost more than waiting for them (the CPU path: samples already in a row of
-        the tensor the batch would be built on).
+        the tensor the batch would be built on). A callable is called, under the
+        batcher's lock, only when a batch that moves samples could be emitted: the pop
+        after every completion then costs nothing while fewer than a batch are ready.
 
         Ordered batches never move samples, so neither changes anything there; a pop
         refused because of them does not count as held back.
@@ -179,7 +186,9 @@ class BatcherBase(Generic[T]):
     def _ready_count(self) -> int:
         return len(self._items)
 
-    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
+    def _select(
+        self, moves: bool, wait_for: Collection[int] | Callable[[], Collection[int]]
+    ) -> list[int] | str | None:
         """Positions of the next batch (removing them from the waiting set), or None, or
         `CALLER_WAITS` when only ``moves=False`` or ``wait_for`` holds it back."""
         raise NotImplementedError

@@ -49,7 +49,9 @@ class OrderedBatcher(BatcherBase[T]):
         for b in range(self.plan.num_batches):
             self._missing[b] = sum(status[p] < READY for p in self.plan.batch_range(b))
 
-    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
+    def _select(
+        self, moves: bool, wait_for: Collection[int] | Callable[[], Collection[int]]
+    ) -> list[int] | str | None:
         status = self._ledger.status
         while self._next < self.plan.num_batches and self._missing[self._next] == 0:
             members = self.plan.batch_range(self._next)

@@ -71,7 +71,9 @@ class StragglerBatcher(BatcherBase[T]):
         if ok:
             heapq.heappush(self._heap, position)
 
-    def _select(self, moves: bool, wait_for: Collection[int]) -> list[int] | str | None:
+    def _select(
+        self, moves: bool, wait_for: Collection[int] | Callable[[], Collection[int]]
+    ) -> list[int] | str | None:
         heap, ledger = self._heap, self._ledger
         size = self._target_size()
         if not heap or (len(heap) < size and not ledger.done):
@@ -82,14 +84,17 @@ class StragglerBatcher(BatcherBase[T]):
             and low // self.plan.batch_size + self._max_delay <= self._emitted
         ):
             return None  # emitting now would push `low` past its bound: wait for it
+        names: Collection[int] = ()
+        if moves:  # called only now that a batch could go (see `pop`)
+            names = wait_for() if callable(wait_for) else wait_for
         # The batch's largest position, only when the caller restricts what it may skip:
         # pop runs after every completion, and a free pop needs no look at the heap.
-        top = heapq.nsmallest(size, heap)[-1] if not moves or wait_for else low
+        top = heapq.nsmallest(size, heap)[-1] if not moves or names else low
         if top > low:  # the batch would skip incomplete positions in [low, top)
             if not moves:
                 return CALLER_WAITS
             status = ledger.status
-            if any(low <= p < top and status[p] < READY for p in wait_for):
+            if any(low <= p < top and status[p] < READY for p in names):
                 return CALLER_WAITS
         # Smallest positions first is earliest-deadline-first: while the bound above holds
         # for every incomplete position, it also holds for the ready ones left out.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -105,9 +106,41 @@ class AdaptiveThreshold:
             self._count += 1
             self._stale += 1
 
+    def observe_many(self, durations_s: Sequence[float]) -> None:
+        """`observe` each of ``durations_s``, under one lock."""
+        for d in durations_s:
+            if not 0.0 <= d < math.inf:
+                raise ValueError(f"a task duration must be finite and >= 0 s, got {d!r}")
+        with self._lock:
+            ring, window = self._ring, self.window
+            for d in durations_s:
+                ring[self._next] = d
+                self._next = (self._next + 1) % window
+            self._count += len(durations_s)
+            self._stale += len(durations_s)
+
     def limit(self) -> float | None:
         """The time after which a running task counts as a straggler, or None (no limit)."""
         return self._limit_from(self._refresh())
+
+    def limit_then_observe(self, duration_s: float) -> float | None:
+        """`limit()` as it stands, then `observe(duration_s)`: one lock taken, not two,
+        while the cached percentile is fresh (a caller doing both for every sample, from
+        many threads, pays for each contended lock)."""
+        if not 0.0 <= duration_s < math.inf:
+            raise ValueError(f"a task duration must be finite and >= 0 s, got {duration_s!r}")
+        with self._lock:
+            fresh = self._count >= self.min_samples and self._cached is not None
+            if fresh and self._stale < self.refresh_every:
+                raw: float | None = self._cached
+                self._ring[self._next] = duration_s
+                self._next = (self._next + 1) % self.window
+                self._count += 1
+                self._stale += 1
+                return self._limit_from(raw)
+        limit = self.limit()
+        self.observe(duration_s)
+        return limit
 
     @property
     def observations(self) -> int:

@@ -345,6 +345,30 @@ def test_a_named_position_holds_the_batch_only_until_it_completes() -> None:
     assert batch is not None and batch.positions == (0, 2, 3, 4)
 
 
+def test_a_callable_wait_for_is_asked_only_when_a_batch_could_go() -> None:
+    # The loader's list costs a walk over every sample in flight; it pops after every
+    # completion, and most pops find fewer than a batch ready.
+    asked: list[int] = []
+
+    def names() -> list[int]:
+        asked.append(1)
+        return [0]
+
+    b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
+    for p in range(8):
+        b.started(p)
+    for p in (1, 2, 3):
+        b.push(p, p)
+        assert b.pop(wait_for=names) is None
+    assert asked == []  # never a batch's worth ready
+    b.push(4, 4)
+    assert b.pop(moves=False, wait_for=names) is None and asked == []  # no moves: not needed
+    assert b.pop(wait_for=names) is None and asked == [1]  # it would skip 0, named
+    b.push(0, 0)
+    batch = b.pop(wait_for=names)
+    assert batch is not None and batch.positions == (0, 1, 2, 3)
+
+
 def test_ordered_batches_ignore_moves() -> None:
     b: OrderedBatcher[int] = OrderedBatcher(2, 4)
     for p in range(4):

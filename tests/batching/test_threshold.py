@@ -128,3 +128,31 @@ def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match:
 def test_bad_durations(bad: float) -> None:
     with pytest.raises(ValueError, match="must be finite and >= 0"):
         AdaptiveThreshold().observe(bad)
+
+
+def test_limit_then_observe_is_limit_then_observe() -> None:
+    # The one-lock path (a fresh cached percentile) and the fallback (warm-up, refresh)
+    # give what the two calls give, observation for observation.
+    one, two = (AdaptiveThreshold(window=16, min_samples=4, refresh_every=3) for _ in range(2))
+    durations = [0.001 * ((7 * i) % 11 + 1) for i in range(40)]
+    for d in durations:
+        expected = two.limit()
+        two.observe(d)
+        assert one.limit_then_observe(d) == expected
+    assert one.stats() == two.stats()
+    with pytest.raises(ValueError, match="finite"):
+        one.limit_then_observe(float("nan"))
+
+
+def test_observe_many_is_observe_each() -> None:
+    one, two = (AdaptiveThreshold(window=8, min_samples=3, refresh_every=2) for _ in range(2))
+    durations = [0.001 * (i % 5 + 1) for i in range(21)]
+    for i in range(0, len(durations), 4):
+        one.observe_many(durations[i : i + 4])
+        for d in durations[i : i + 4]:
+            two.observe(d)
+        assert one.limit() == two.limit()
+    assert one.stats() == two.stats()
+    with pytest.raises(ValueError, match="finite"):
+        one.observe_many([0.001, -1.0])
+    assert one.stats() == two.stats()  # nothing of a refused batch is kept

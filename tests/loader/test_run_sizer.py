@@ -8,10 +8,10 @@ from gpu_loader._run_sizer import RunSizer
 
 
 def feed(sizer: RunSizer, reads: list[float], decodes: list[float]) -> None:
-    for seconds in reads:
-        sizer.observe("read", seconds)
-    for seconds in decodes:
-        sizer.observe("decode", seconds)
+    for i in range(0, len(reads), 8):  # in runs, as the epoch records them
+        sizer.observe("read", reads[i : i + 8])
+    for i in range(0, len(decodes), 8):
+        sizer.observe("decode", decodes[i : i + 8])
 
 
 def test_one_sample_per_call_until_it_has_seen_enough_of_both() -> None:
@@ -19,7 +19,7 @@ def test_one_sample_per_call_until_it_has_seen_enough_of_both() -> None:
     assert sizer.size() == 1
     feed(sizer, [0.0001] * 16, [0.002] * 15)
     assert sizer.size() == 1  # one decode short
-    sizer.observe("decode", 0.002)
+    sizer.observe("decode", [0.002])
     assert sizer.size() == 8
 
 
