@@ -78,7 +78,9 @@ def sample_stats(p: Any, stop: threading.Event, out: list[tuple[int, int]]) -> C
 def test_stragglers_move_and_the_fast_lane_keeps_its_strength() -> None:
     n, slow = 120, {5, 6}
     scenario = Scenario(slow)
-    threshold = FixedThreshold(0.03)
+    # 100x the fast tasks' 2 ms: a fast task stalled past 30 ms by a busy CI machine moved
+    # too (a third move, seen once in ~20 CI runs).
+    threshold = FixedThreshold(0.2)
     p = (
         PipelineBuilder()
         .add_source(range(n))
@@ -112,7 +114,7 @@ def test_stragglers_move_and_the_fast_lane_keeps_its_strength() -> None:
     assert max(size for size, _ in samples) <= 2
     stage = p.stats().stages[1]
     assert (stage.slow_lane_moves, stage.slow_lane_size) == (2, 0)
-    assert stage.slow_lane_limit_s == 0.03
+    assert stage.slow_lane_limit_s == 0.2
     assert len(threshold.observed) == n
 
 
