@@ -57,6 +57,7 @@ from gpu_loader.sources import sample_stream
 if TYPE_CHECKING:
     import torch
 
+    from gpu_loader._run_sizer import RunSizer
     from gpu_loader.loader import ImageLoader
 
 IDLE_TICK_S = 0.05
@@ -211,18 +212,21 @@ class EpochBase:
                 return
             yield self.task_at(position, index_of)
 
-    def source_runs(self, size: Callable[[], int]) -> Iterator[list[Task]]:
+    def source_runs(
+        self, size: Callable[[], int], sizer: RunSizer | None = None
+    ) -> Iterator[list[Task]]:
         """`source`'s tasks in runs of up to ``size()`` (one read or decode call each),
         asked as each run begins. A run in the making goes out as it is once the window is
-        full: its samples may be the ones a batch needs before any room comes back."""
+        full: its samples may be the ones a batch needs before any room comes back. While
+        ``sizer`` is probing, the window is capped (`room`)."""
         index_of = self.loader.source.key
         run: list[Task] = []
         most = size()
         for position in self.start_order():
-            if run and self.in_flight >= self.window:  # only this thread adds to it
+            if run and self.in_flight >= self.room(sizer):  # only this thread adds to it
                 yield run
                 run, most = [], size()
-            if not self.enter_window():
+            if not self.enter_window(sizer):
                 return
             run.append(self.task_at(position, index_of))
             if len(run) >= most:
@@ -231,14 +235,25 @@ class EpochBase:
         if run:
             yield run
 
-    def enter_window(self) -> bool:
-        """Take a place in the in-flight window, waiting for one; False once stopping."""
+    def room(self, sizer: RunSizer | None = None) -> int:
+        """The window's size: capped at `probe_window` while ``sizer`` waits for its
+        early verdict, so that the loader's whole first window does not go out one sample
+        per call before it (`RunSizer`)."""
+        if sizer is None or sizer.verdict() is not None:
+            return self.window
+        threads = self.loader.io_threads + self.loader.decode_threads
+        return min(self.window, max(sizer.probe, 2 * threads))
+
+    def enter_window(self, sizer: RunSizer | None = None) -> bool:
+        """Take a place in the in-flight window (`room`), waiting for one; False once
+        stopping. While ``sizer`` is probing the cap is looked at again every 5 ms: a read
+        still running can give the verdict with no sample finishing."""
         with self.cond:
-            if self.in_flight >= self.window:
+            if self.in_flight >= self.room(sizer):
                 clock = time.perf_counter
                 began = clock()
-                while self.in_flight >= self.window and not self.stopping.is_set():
-                    self.cond.wait(0.05)
+                while self.in_flight >= self.room(sizer) and not self.stopping.is_set():
+                    self.cond.wait(0.005 if sizer is not None and sizer.probing else 0.05)
                 self.window_wait_s += clock() - began
             if self.stopping.is_set():
                 return False
@@ -648,7 +663,7 @@ class CpuEpoch(EpochBase):
         self.pipeline = (
             PipelineBuilder()
             .add_source(
-                self.source_runs(run_size) if runs else self.source(),
+                self.source_runs(run_size, sizer) if runs else self.source(),
                 backpressure_s=self.backpressure_s,
             )
             .pipe(
@@ -738,11 +753,21 @@ class CpuEpoch(EpochBase):
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
     # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
-        read = self.loader.source.read
+        read, sizer = self.loader.source.read, self.sizer
 
         def one(task: Task) -> None:
             task.data = read(task.index)
 
+        def probed(task: Task) -> None:  # one of the reads the sizer's early verdict judges
+            place = sizer.read_began() if sizer is not None else None
+            try:
+                task.data = read(task.index)
+            finally:
+                if sizer is not None and place is not None:
+                    sizer.read_ended(place)
+
+        if sizer is not None and sizer.probing:
+            return self.each_in_run("read", run, probed)
         return self.each_in_run("read", run, one)
 
     def decode_run(self, run: list[Task]) -> list[Task]:

@@ -8,7 +8,16 @@ what the slow lane exists for when reads are slow (remote storage), and costs li
 when no read takes longer than decoding a run. So the loader measures both per sample
 and runs up to ``most`` samples per call while the slowest reads (their p99) are no
 longer than decoding a run (``most`` x the median decode), one sample per call
-otherwise, and until it has seen enough of each (``min_samples``).
+otherwise.
+
+Until it has seen ``min_samples`` of each, an early verdict decides from the loader's
+first ``probe`` reads, started one sample per call while the source keeps at most
+`probe_window` samples in flight (without that cap, a loader's whole first window, 160
+samples in the benchmark, went out one per call before anything was measured, at about
+twice the CPU per image, right when the training loop waits for its first batches). The
+first reads to *finish* are the fast ones, so the verdict counts the first ``probe`` reads
+to *start*: slow as soon as one of them, finished or still running, has taken longer
+than decoding a run; fast once all of them have finished within that bound.
 
 Decode stragglers are not a reason to stop runs: the samples a run has decoded reach the
 batcher only when it ends, so a slow decode would hold them, but a batch waits for them
@@ -18,22 +27,42 @@ as it waits for a single slow decode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
 
 from gpu_loader.batching import AdaptiveThreshold
 
 MIN_SAMPLES = 64
-"""Per-sample reads and decodes seen before runs are considered (once per loader: the
+"""Per-sample reads and decodes seen before the percentiles decide (once per loader: the
 sizer lives as long as its loader, so later epochs start from what it measured)."""
+
+PROBE = 32
+"""Reads the early verdict judges: with 10% of reads slow, 32 all fast has a 3% chance."""
+
+PROBE_DECODES = 8
+"""Decodes timed before the early verdict's bound (``most`` x their median) exists."""
 
 
 class RunSizer:
     """Per-sample read and decode times, and the run size they allow. Thread-safe."""
 
-    def __init__(self, most: int, *, min_samples: int = MIN_SAMPLES) -> None:
+    def __init__(
+        self,
+        most: int,
+        *,
+        min_samples: int = MIN_SAMPLES,
+        probe: int = PROBE,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if most < 1:
             raise ValueError(f"`most` must be >= 1, got {most}")
+        if probe < 1:
+            raise ValueError(f"`probe` must be >= 1, got {probe}")
         self.most = most
+        self.probe = probe
+        self.clock = clock
         # Raw percentiles (factor 1): the slowest reads, the typical decode.
         self.reads = AdaptiveThreshold(
             percentile=0.99, factor=1.0, window=256, min_samples=min_samples, refresh_every=32
@@ -41,15 +70,68 @@ class RunSizer:
         self.decodes = AdaptiveThreshold(
             percentile=0.5, factor=1.0, window=256, min_samples=min_samples, refresh_every=32
         )
+        # The early verdict: `most` or 1 once given, None before.
+        self.early: int | None = None
+        self._lock = threading.Lock()
+        self._began: list[float] = []  # the probe reads' start times, in start order
+        self._took: list[float | None] = []  # their durations (None: still running)
+        self._decodes: list[float] = []  # the first decodes' durations
+
+    @property
+    def probing(self) -> bool:
+        """True until the early verdict is given (the source caps its window meanwhile)."""
+        return self.early is None
+
+    def read_began(self) -> int | None:
+        """A read starts: its place in the probe (for `read_ended`), or None past it."""
+        if self.early is not None or len(self._began) >= self.probe:  # no lock: a hint
+            return None
+        with self._lock:
+            if len(self._began) >= self.probe:
+                return None
+            self._began.append(self.clock())
+            self._took.append(None)
+            return len(self._began) - 1
+
+    def read_ended(self, place: int) -> None:
+        """The probe read `read_began` placed at ``place`` has ended (failed or not)."""
+        now = self.clock()
+        with self._lock:
+            self._took[place] = now - self._began[place]
 
     def observe(self, stage: str, seconds: Sequence[float]) -> None:
         """Samples' reads (``stage="read"``) or decodes took ``seconds`` each."""
-        (self.reads if stage == "read" else self.decodes).observe_many(seconds)
+        if stage == "read":
+            self.reads.observe_many(seconds)
+            return
+        self.decodes.observe_many(seconds)
+        if self.early is None and len(self._decodes) < PROBE_DECODES:
+            with self._lock:
+                self._decodes.extend(seconds[: PROBE_DECODES - len(self._decodes)])
 
     def size(self) -> int:
         """Samples for the next run: ``most`` while no read outlasts decoding a run."""
         slowest_read = self.reads.limit()
         typical_decode = self.decodes.limit()
         if slowest_read is None or typical_decode is None:
-            return 1
+            return self.verdict() or 1
         return self.most if slowest_read <= self.most * typical_decode else 1
+
+    def verdict(self) -> int | None:
+        """The early verdict (see the module's docstring), given once; None until then."""
+        if self.early is not None:
+            return self.early
+        with self._lock:
+            if len(self._decodes) < PROBE_DECODES:
+                return None
+            bound = self.most * statistics.median(self._decodes)
+            now = self.clock()
+            times = [
+                now - began if took is None else took
+                for began, took in zip(self._began, self._took, strict=True)
+            ]
+            if any(t > bound for t in times):  # finished or still running
+                self.early = 1
+            elif len(times) == self.probe and None not in self._took:
+                self.early = self.most
+            return self.early

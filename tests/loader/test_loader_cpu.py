@@ -1150,6 +1150,67 @@ def test_straggler_mode_runs_only_while_no_read_outlasts_decoding_a_run(
         assert calls[0] < n and n / 4 <= calls[1] < n / 2
 
 
+def test_a_fresh_loaders_first_window_goes_in_runs_once_its_reads_are_judged_fast(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the early verdict, the source filled the whole in-flight window one
+    # sample per call before the run sizer had measured anything (at twice the CPU per
+    # image, right when the training loop waits for its first batches).
+    from gpu_loader import _run_sizer
+
+    decodes_take(monkeypatch, lambda key: 0.005)
+    items = [(unique_list.key(i % len(unique_list)), i) for i in range(4 * len(unique_list))]
+    n = len(items)
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2)
+    loader = make(FileList(items), batch_size=16, batching="straggler", options=options)
+    most, window = loader._most_per_task(), loader._window()
+    assert most == 8 and window >= 2 * _run_sizer.PROBE  # else this test shows nothing
+    assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+    calls = {s.name: s.tasks_done for s in loader.stats().stages}
+    assert loader._sizer is not None and loader._sizer.early == most
+    # One call per sample while the probe's window (32 samples) is in flight, runs after.
+    assert calls["read"] <= 2 * _run_sizer.PROBE + (n - _run_sizer.PROBE) // most
+    assert calls["read"] < window  # the first window alone cost `window` calls before
+    loader.close()
+
+
+class FirstReadWaits(FileList):
+    """A FileList whose read of index 0 waits for ``release``."""
+
+    def __init__(self, items: list[tuple[str, int]]) -> None:
+        super().__init__(items)
+        self.release = threading.Event()
+
+    def read(self, i: int) -> bytes:
+        if i == 0:
+            assert self.release.wait(30)
+        return super().read(i)
+
+
+def test_a_read_still_running_turns_runs_off_before_it_ends(unique_list: FileList) -> None:
+    # The first reads to finish are the fast ones: the early verdict also counts the
+    # probe's reads that are still running, so it does not wait for a slow read to end.
+    source = FirstReadWaits([(unique_list.key(i), i) for i in range(len(unique_list))])
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2)
+    loader = make(source, batch_size=4, batching="straggler", shuffle=False, options=options)
+    got: list[int] = []
+    consumer = threading.Thread(target=lambda: got.extend(labels_of(run_epoch(loader))))
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 20
+        while (loader._sizer is None or loader._sizer.early is None) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.005)
+        assert not source.release.is_set()
+        assert loader._sizer is not None and loader._sizer.early == 1
+    finally:
+        source.release.set()
+        consumer.join(30)
+    assert sorted(got) == list(range(len(unique_list)))
+    loader.close()
+
+
 @pytest.mark.parametrize("per_task", [4, None])
 def test_a_slow_decode_in_a_run_holds_its_run_mates_no_longer_than_a_straggler(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch, per_task: int | None

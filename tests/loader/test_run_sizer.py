@@ -49,3 +49,79 @@ def test_a_heavy_read_tail_turns_runs_off_and_they_come_back_when_it_leaves() ->
 def test_most_must_be_positive() -> None:
     with pytest.raises(ValueError, match="most"):
         RunSizer(0)
+
+
+class Clock:
+    """A scripted clock: time moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def probe_reads(sizer: RunSizer, clock: Clock, took: list[float]) -> None:
+    """Reads that start together and end after ``took`` seconds each (the clock ends at
+    the last)."""
+    began = clock.now
+    places = [sizer.read_began() for _ in took]
+    for place, t in sorted(zip(places, took, strict=True), key=lambda pt: pt[1]):
+        assert place is not None
+        clock.now = began + t
+        sizer.read_ended(place)
+
+
+def test_the_early_verdict_gives_runs_once_every_probe_read_has_finished_fast() -> None:
+    clock = Clock()
+    sizer = RunSizer(8, probe=4, clock=clock)
+    probe_reads(sizer, clock, [0.001, 0.002, 0.003])
+    assert sizer.read_began() == 3  # the fourth and last probe read
+    assert sizer.read_began() is None  # past the probe
+    sizer.observe("decode", [0.002] * 7)
+    assert sizer.verdict() is None and sizer.size() == 1  # its bound needs 8 decodes
+    sizer.observe("decode", [0.002])
+    # Three reads finished well within 8 x 2 ms; the fourth is still running: not yet.
+    assert sizer.verdict() is None and sizer.probing
+    clock.now += 0.010
+    sizer.read_ended(3)
+    assert sizer.verdict() == 8 and sizer.size() == 8 and not sizer.probing
+
+
+def test_a_probe_read_still_running_past_the_bound_turns_runs_off() -> None:
+    # The first reads to finish are the fast ones: a verdict from finished reads alone
+    # would say runs while the slow read is still running.
+    clock = Clock()
+    sizer = RunSizer(8, probe=4, clock=clock)
+    slow = sizer.read_began()
+    probe_reads(sizer, clock, [0.001, 0.001, 0.001])
+    sizer.observe("decode", [0.002] * 8)
+    assert sizer.verdict() is None  # the slow read has run 1 ms of its bound's 16
+    clock.now = 0.017
+    assert sizer.verdict() == 1 and sizer.size() == 1
+    assert slow is not None
+    sizer.read_ended(slow)  # it ends; the verdict stands
+    assert sizer.verdict() == 1
+
+
+def test_a_finished_probe_read_past_the_bound_turns_runs_off() -> None:
+    clock = Clock()
+    sizer = RunSizer(4, probe=4, clock=clock)
+    probe_reads(sizer, clock, [0.001, 0.001, 0.001, 0.009])  # bound: 4 x 2 ms
+    sizer.observe("decode", [0.002] * 8)
+    assert sizer.verdict() == 1
+
+
+def test_the_percentiles_overrule_the_early_verdict_once_they_have_enough() -> None:
+    clock = Clock()
+    sizer = RunSizer(8, min_samples=16, probe=4, clock=clock)
+    probe_reads(sizer, clock, [0.001] * 4)
+    sizer.observe("decode", [0.002] * 8)
+    assert sizer.size() == 8  # the verdict, while the percentiles warm up
+    feed(sizer, [0.0001] * 10 + [0.2] * 6, [0.002] * 8)
+    assert sizer.size() == 1  # p99 read 200 ms > 8 x 2 ms
+
+
+def test_probe_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="probe"):
+        RunSizer(8, probe=0)
