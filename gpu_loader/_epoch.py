@@ -103,6 +103,11 @@ def _run_weight(run: Sequence[Any]) -> int:
     return max(1, len(run))
 
 
+def _output(task: Task) -> Any:
+    """What the batcher holds for a completed task: its output's place."""
+    return task.out
+
+
 def _each_task(stream: Iterable[Any]) -> Iterator[Any]:
     """A pipeline's completed runs as single tasks (idle ticks pass through)."""
     for done in stream:
@@ -341,10 +346,11 @@ class EpochBase:
         completions: Iterable[Any],
         item: Callable[[Any], Any],
         pop: Callable[[], Batch[Any] | None] | None = None,
+        pushed: Callable[[Any], None] | None = None,
     ) -> Iterator[Batch[Any]]:
-        """Feed a pipeline's completions to the batcher (``item(done)`` at ``done.position``);
-        yield each batch it emits, then the epoch's tail (not when the epoch was stopped:
-        its pipeline ended early).
+        """Feed a pipeline's completions to the batcher (``item(done)`` at ``done.position``,
+        then ``pushed(done)``); yield each batch it emits, then the epoch's tail (not when
+        the epoch was stopped: its pipeline ended early).
 
         ``completions`` must include the engine's idle ticks (``iterate(idle_s=...)``): a
         failure noted after the last completion must still reach the batcher, or a window
@@ -357,6 +363,8 @@ class EpochBase:
             self.drain_failures()
             if done is not IDLE:
                 batcher.push(done.position, item(done))
+                if pushed is not None:
+                    pushed(done)
             while (batch := pop()) is not None:
                 yield batch
         if self.stopping.is_set():
@@ -912,7 +920,8 @@ class CpuEpoch(EpochBase):
         minus the formed batches to work with.
         """
         try:
-            for batch in self.feed_batcher(stream, self.arrived, self.pop_batch):
+            feed = self.feed_batcher(stream, _output, self.pop_batch, self.arrived)
+            for batch in feed:
                 self.formed.put((batch.index, self.assemble(batch)))
             if not self.stopping.is_set():  # a stopped epoch gets no tail and no end marker
                 self.formed.put(None)
@@ -949,11 +958,13 @@ class CpuEpoch(EpochBase):
             large_private=rows.private_large,
         )
 
-    def arrived(self, task: Task) -> Any:
-        """What the batcher holds for a completed task (its output's place)."""
+    def arrived(self, task: Task) -> None:
+        """``task``'s output is with the batcher. Told only after the push: in between,
+        a pop from the training loop's thread (`take_formed`) would find the sample
+        neither ready nor held back (`StragglerRows.hold_back`), and could cut a batch
+        that skips it, copied whole since its slab could not host it."""
         if self.rows is not None:
             self.rows.arrived(task.position)
-        return task.out
 
     # -- consuming (the training loop's thread) -----------------------------------------
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:

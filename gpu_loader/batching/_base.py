@@ -84,9 +84,11 @@ class BatcherBase(Generic[T]):
         of them would be skipped, the pop waits for it as with ``moves=False`` (positions
         that completed meanwhile are ignored). A loader names the samples whose moving
         would cost more than waiting for them (the CPU path: samples already in a row of
-        the tensor the batch would be built on). A callable is called, under the
-        batcher's lock, only when a batch that moves samples could be emitted: the pop
-        after every completion then costs nothing while fewer than a batch are ready.
+        the tensor the batch would be built on). A callable is called only when a batch
+        that skips an incomplete position could be emitted: the pop after every
+        completion then costs nothing while fewer than a batch are ready, or while the
+        next batch is the next positions in order. It is called under the batcher's
+        lock, which is not re-entrant: it must not call the batcher's methods.
 
         Ordered batches never move samples, so neither changes anything there; a pop
         refused because of them does not count as held back.

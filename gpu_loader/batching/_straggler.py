@@ -85,11 +85,16 @@ class StragglerBatcher(BatcherBase[T]):
         ):
             return None  # emitting now would push `low` past its bound: wait for it
         names: Collection[int] = ()
-        if moves:  # called only now that a batch could go (see `pop`)
-            names = wait_for() if callable(wait_for) else wait_for
-        # The batch's largest position, only when the caller restricts what it may skip:
-        # pop runs after every completion, and a free pop needs no look at the heap.
-        top = heapq.nsmallest(size, heap)[-1] if not moves or names else low
+        if moves and callable(wait_for):
+            # Called only now that a batch that skips a position could go (see `pop`).
+            top = heapq.nsmallest(size, heap)[-1]
+            if top > low:
+                names = wait_for()
+        else:
+            names = () if not moves or callable(wait_for) else wait_for
+            # The batch's largest position, only when the caller restricts what it may
+            # skip: pop runs after every completion, and a free pop needs no look at it.
+            top = heapq.nsmallest(size, heap)[-1] if not moves or names else low
         if top > low:  # the batch would skip incomplete positions in [low, top)
             if not moves:
                 return CALLER_WAITS

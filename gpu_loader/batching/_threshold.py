@@ -107,7 +107,8 @@ class AdaptiveThreshold:
             self._stale += 1
 
     def observe_many(self, durations_s: Sequence[float]) -> None:
-        """`observe` each of ``durations_s``, under one lock."""
+        """`observe` each of ``durations_s``, under one lock. All or nothing: a bad
+        duration raises before any is recorded."""
         for d in durations_s:
             if not 0.0 <= d < math.inf:
                 raise ValueError(f"a task duration must be finite and >= 0 s, got {d!r}")

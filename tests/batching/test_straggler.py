@@ -367,6 +367,7 @@ def test_a_callable_wait_for_is_asked_only_when_a_batch_could_go() -> None:
     b.push(0, 0)
     batch = b.pop(wait_for=names)
     assert batch is not None and batch.positions == (0, 1, 2, 3)
+    assert asked == [1]  # the next positions in order: it skips none, nothing to ask
 
 
 def test_ordered_batches_ignore_moves() -> None:

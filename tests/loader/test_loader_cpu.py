@@ -859,6 +859,36 @@ def test_runs_after_the_run_sizers_warm_up_are_not_moved(
     loader.close()
 
 
+def test_a_sample_leaves_the_hold_back_list_only_once_the_batcher_has_it(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In between, a pop from the training loop's thread would find the sample neither
+    # ready nor held back, and could cut a batch that skips it: copied whole, since its
+    # slab could not host it.
+    from gpu_loader._straggler_rows import StragglerRows
+    from gpu_loader.batching import StragglerBatcher
+
+    pushed: set[int] = set()
+    early: list[int] = []
+    real_push, real_arrived = StragglerBatcher.push, StragglerRows.arrived
+
+    def push(self: Any, position: int, item: Any) -> None:
+        real_push(self, position, item)
+        pushed.add(position)
+
+    def arrived(self: Any, position: int) -> None:
+        if position not in pushed:
+            early.append(position)
+        real_arrived(self, position)
+
+    monkeypatch.setattr(StragglerBatcher, "push", push)
+    monkeypatch.setattr(StragglerRows, "arrived", arrived)
+    loader = make(unique_list, batch_size=4, batching="straggler")
+    assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
+    assert len(pushed) == len(unique_list) and early == []
+    loader.close()
+
+
 def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch
 ) -> None:
