@@ -241,9 +241,10 @@ class EpochBase:
             yield run
 
     def room(self, sizer: RunSizer | None = None) -> int:
-        """The window's size: capped at `probe_window` while ``sizer`` waits for its
-        early verdict, so that the loader's whole first window does not go out one sample
-        per call before it (`RunSizer`)."""
+        """The window's size: capped at ``sizer.probe`` samples (or two per read and
+        decode thread, if more) while ``sizer`` waits for its early verdict, so that the
+        loader's whole first window does not go out one sample per call before it
+        (`RunSizer`)."""
         if sizer is None or sizer.verdict() is not None:
             return self.window
         threads = self.loader.io_threads + self.loader.decode_threads

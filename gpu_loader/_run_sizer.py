@@ -12,12 +12,13 @@ otherwise.
 
 Until it has seen ``min_samples`` of each, an early verdict decides from the loader's
 first ``probe`` reads, started one sample per call while the source keeps at most
-`probe_window` samples in flight (without that cap, a loader's whole first window, 160
-samples in the benchmark, went out one per call before anything was measured, at about
-twice the CPU per image, right when the training loop waits for its first batches). The
-first reads to *finish* are the fast ones, so the verdict counts the first ``probe`` reads
-to *start*: slow as soon as one of them, finished or still running, has taken longer
-than decoding a run; fast once all of them have finished within that bound.
+``probe`` samples (or two per thread, if more) in flight (`EpochBase.room`). Without
+that cap, a loader's whole first window (160 samples in the benchmark) went out one per
+call before anything was measured, at about twice the CPU per image, right when the
+training loop waits for its first batches. The first reads to *finish* are the fast
+ones, so the verdict counts the first ``probe`` reads to *start*: slow as soon as one of
+them, finished or still running, has taken longer than decoding a run; fast once all of
+them have finished within that bound.
 
 Decode stragglers are not a reason to stop runs: the samples a run has decoded reach the
 batcher only when it ends, so a slow decode would hold them, but a batch waits for them
