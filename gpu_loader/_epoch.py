@@ -378,7 +378,7 @@ class EpochBase:
             self.in_flight -= count
             self.cond.notify_all()
 
-    def slow_lane(self, threads: int, *, runs: bool = False) -> SlowLane | None:
+    def slow_lane(self, name: str, threads: int, *, runs: bool = False) -> SlowLane | None:
         """Straggler mode: a task running past the adaptive threshold moves its worker to
         a slow lane and a replacement keeps the stage at strength (each stage learns its
         own threshold: slow reads and slow decodes are different populations). With
@@ -391,15 +391,17 @@ class EpochBase:
         limit = self.loader.options.max_slow_threads or threads
         return SlowLane(
             max_threads=limit,
-            threshold=self.straggler_threshold(),
+            threshold=self.straggler_threshold(name),
             weight=_run_weight if runs else None,
         )
 
-    def straggler_threshold(self) -> AdaptiveThreshold:
-        """When a task counts as a straggler. p75 x 4 rather than a high percentile: with
-        10% stragglers p95 *is* a straggler, and a threshold above it would never move
-        one. The floor keeps thread churn away from tasks too short to matter."""
-        return AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
+    def straggler_threshold(self, name: str) -> AdaptiveThreshold:
+        """When a ``name`` task counts as a straggler. p75 x 4 rather than a high
+        percentile: with 10% stragglers p95 *is* a straggler, and a threshold above it
+        would never move one. The floor keeps thread churn away from tasks too short to
+        matter. The loader keeps it across epochs (`ImageLoader._straggler_threshold`):
+        one made per epoch had no limit for each epoch's first 32 tasks."""
+        return self.loader._straggler_threshold(name)
 
     # -- consuming -----------------------------------------------------------------------
     def batches(self) -> Iterator[Yielded]:
@@ -655,14 +657,16 @@ class CpuEpoch(EpochBase):
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
         run_size = sizer.size if sizer is not None else lambda n=self.run_size: n
-        decode_lane = self.slow_lane(loader.decode_threads, runs=runs)
+        decode_lane = self.slow_lane("decode", loader.decode_threads, runs=runs)
         # Straggler mode: when one decode counts as a straggler (`pop_batch`). With runs
         # the decode stage's lane learns each run's time per sample, an average that
         # hides one slow decode, so a threshold of the same rule learns from single
         # decodes (`each_in_run`); without, it is the lane's own.
         self.decode_limit: LaneThreshold | None = None
         if decode_lane is not None:
-            self.decode_limit = self.straggler_threshold() if runs else decode_lane.threshold
+            self.decode_limit = (
+                self.straggler_threshold("decode sample") if runs else decode_lane.threshold
+            )
         # A run's failed samples are recorded here with the engine's own rules, per stage
         # and per sample: `run_calls` counts the samples each stage has finished.
         self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
@@ -682,7 +686,7 @@ class CpuEpoch(EpochBase):
                 output_order=order,
                 max_failures=None if runs else loader.max_failures,  # see run_policies
                 key_fn=run_key if runs else task_key,
-                slow_lane=self.slow_lane(loader.io_threads, runs=runs),
+                slow_lane=self.slow_lane("read", loader.io_threads, runs=runs),
             )
             .pipe(
                 self.decode_run if runs else self.decode,

@@ -99,7 +99,7 @@ class GpuEpoch(EpochBase):
                 output_order=order,
                 max_failures=loader.max_failures,
                 key_fn=task_key,
-                slow_lane=self.slow_lane(fetch_threads),
+                slow_lane=self.slow_lane("fetch", fetch_threads),
             )
             .add_sink(buffer_size=max(2, loader.batch_size))
             .build()

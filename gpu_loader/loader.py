@@ -27,6 +27,7 @@ from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader._run_sizer import RunSizer
+from gpu_loader.batching import AdaptiveThreshold
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -365,6 +366,7 @@ class ImageLoader:
         self._pool: BatchPool | None = None
         self._spares: tuple[tuple[Any, ...], collections.deque[torch.Tensor]] | None = None
         self._sizer: RunSizer | None = None
+        self._thresholds: dict[str, AdaptiveThreshold] = {}
         self._arena_ports: GpuPorts | None = None
         self._cuda_ports: GpuPorts | None = None  # made at the first GPU epoch, then kept
         self._gpu_worker_pool: WorkerPool | None = None
@@ -764,6 +766,16 @@ class ImageLoader:
         if self.batching == "straggler":
             return 1
         return self._most_per_task()
+
+    def _straggler_threshold(self, name: str) -> AdaptiveThreshold:
+        """Straggler mode's limit for task ``name`` (`EpochBase.straggler_threshold`),
+        kept across epochs as the run sizer is: a later epoch starts from what the last
+        one measured instead of with no limit for its first 32 tasks."""
+        threshold = self._thresholds.get(name)
+        if threshold is None:
+            threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
+            self._thresholds[name] = threshold
+        return threshold
 
     def _run_sizer(self) -> RunSizer | None:
         """Straggler mode's run sizes on the CPU path, with `samples_per_task` automatic:

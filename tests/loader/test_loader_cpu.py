@@ -772,7 +772,7 @@ def test_a_slow_large_file_is_left_behind_without_copying_its_batch(
             assembled.append((set(positions), self.fresh > fresh))
         return out
 
-    def lane(self: Any, threads: int, *, runs: bool = False) -> SlowLane:
+    def lane(self: Any, name: str, threads: int, *, runs: bool = False) -> SlowLane:
         # A 10 s floor: no ordinary decode turns into a straggler when this busy machine
         # stalls a thread for a few ms (that one's batch would rightly go without it, and
         # be copied whole). The big file is not held back by the lane but by its size.
@@ -830,6 +830,23 @@ def test_the_slow_lanes_measure_runs_per_sample(
     decode = next(s for s in loader.stats().stages if s.name == "decode")
     # 4 x p75 of ~5 ms per sample (runs of 4 take ~20 ms: 4 x that would be ~80 ms)
     assert decode.slow_lane_limit_s is not None and 0.015 < decode.slow_lane_limit_s < 0.05
+    loader.close()
+
+
+def test_a_later_epoch_starts_with_the_straggler_limits_the_last_one_learnt(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Limits made per epoch had none for each epoch's first 32 tasks: a slow first decode
+    # of a second epoch could not move, and its worker was lost to the stage meanwhile.
+    slow = {"key": ""}
+    decodes_take(monkeypatch, lambda key: 1.0 if key == slow["key"] else 0.005)
+    options = gl.LoaderOptions(samples_per_task=1, io_threads=1, decode_threads=2)
+    loader = make(unique_list, batch_size=4, batching="straggler", shuffle=False, options=options)
+    run_epoch(loader)
+    slow["key"] = unique_list.key(0)  # position 0: the second epoch's first decode
+    assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
+    decode = next(s for s in loader.stats().stages if s.name == "decode")
+    assert decode.slow_lane_moves >= 1
     loader.close()
 
 
@@ -906,7 +923,7 @@ def test_a_sample_decoding_into_its_batch_holds_it_until_it_is_a_straggler(
             time.sleep(0.3)
         return real(data, *args, key=key, **kw)
 
-    def threshold(self: Any) -> AdaptiveThreshold:
+    def threshold(self: Any, name: str) -> AdaptiveThreshold:
         return AdaptiveThreshold(floor_s=10.0)
 
     monkeypatch.setattr(epoch_module, "load_into", slow_for_one)
