@@ -124,7 +124,11 @@ class RunSizer:
             return self.early
         with self._lock:
             if len(self._decodes) < PROBE_DECODES:
-                return None
+                if self.reads.limit() is not None:
+                    # `min_samples` reads and still too few decodes (they fail): one
+                    # sample per call, and the source's window cap lifts.
+                    self.early = 1
+                return self.early
             bound = self.most * statistics.median(self._decodes)
             now = self.clock()
             times = [

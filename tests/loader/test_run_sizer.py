@@ -125,3 +125,15 @@ def test_the_percentiles_overrule_the_early_verdict_once_they_have_enough() -> N
 def test_probe_must_be_positive() -> None:
     with pytest.raises(ValueError, match="probe"):
         RunSizer(8, probe=0)
+
+
+def test_reads_without_decodes_end_the_wait_for_a_verdict() -> None:
+    # Decodes that all fail (a corrupt dataset) never give the verdict its bound; the
+    # source's window would stay capped. After `min_samples` reads it stops waiting.
+    clock = Clock()
+    sizer = RunSizer(8, min_samples=16, probe=4, clock=clock)
+    probe_reads(sizer, clock, [0.001] * 4)
+    feed(sizer, [0.001] * 15, [])
+    assert sizer.verdict() is None
+    feed(sizer, [0.001], [])
+    assert sizer.verdict() == 1 and not sizer.probing
