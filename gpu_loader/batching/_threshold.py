@@ -27,6 +27,11 @@ class ThresholdStats:
     """Durations currently in the window (at most ``window``)."""
 
 
+def _check_duration(duration_s: float) -> None:
+    if not 0.0 <= duration_s < math.inf:  # also refuses NaN
+        raise ValueError(f"a task duration must be finite and >= 0 s, got {duration_s!r}")
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Linear-interpolated percentile ``q`` in [0, 1] of sorted values (NumPy's default)."""
     h = (len(sorted_values) - 1) * q
@@ -98,27 +103,25 @@ class AdaptiveThreshold:
 
     def observe(self, duration_s: float) -> None:
         """Record one task duration in seconds (finite, >= 0)."""
-        if not 0.0 <= duration_s < math.inf:  # also refuses NaN
-            raise ValueError(f"a task duration must be finite and >= 0 s, got {duration_s!r}")
+        _check_duration(duration_s)
         with self._lock:
-            self._ring[self._next] = duration_s
-            self._next = (self._next + 1) % self.window
-            self._count += 1
-            self._stale += 1
+            self._append(duration_s)
 
     def observe_many(self, durations_s: Sequence[float]) -> None:
         """`observe` each of ``durations_s``, under one lock. All or nothing: a bad
         duration raises before any is recorded."""
         for d in durations_s:
-            if not 0.0 <= d < math.inf:
-                raise ValueError(f"a task duration must be finite and >= 0 s, got {d!r}")
+            _check_duration(d)
         with self._lock:
-            ring, window = self._ring, self.window
             for d in durations_s:
-                ring[self._next] = d
-                self._next = (self._next + 1) % window
-            self._count += len(durations_s)
-            self._stale += len(durations_s)
+                self._append(d)
+
+    def _append(self, duration_s: float) -> None:
+        """Record a checked duration; the caller holds the lock."""
+        self._ring[self._next] = duration_s
+        self._next = (self._next + 1) % self.window
+        self._count += 1
+        self._stale += 1
 
     def limit(self) -> float | None:
         """The time after which a running task counts as a straggler, or None (no limit)."""
@@ -128,16 +131,12 @@ class AdaptiveThreshold:
         """`limit()` as it stands, then `observe(duration_s)`: one lock taken, not two,
         while the cached percentile is fresh (a caller doing both for every sample, from
         many threads, pays for each contended lock)."""
-        if not 0.0 <= duration_s < math.inf:
-            raise ValueError(f"a task duration must be finite and >= 0 s, got {duration_s!r}")
+        _check_duration(duration_s)
         with self._lock:
             fresh = self._count >= self.min_samples and self._cached is not None
             if fresh and self._stale < self.refresh_every:
                 raw: float | None = self._cached
-                self._ring[self._next] = duration_s
-                self._next = (self._next + 1) % self.window
-                self._count += 1
-                self._stale += 1
+                self._append(duration_s)
                 return self._limit_from(raw)
         limit = self.limit()
         self.observe(duration_s)
