@@ -396,11 +396,8 @@ class EpochBase:
         )
 
     def straggler_threshold(self, name: str) -> AdaptiveThreshold:
-        """When a ``name`` task counts as a straggler. p75 x 4 rather than a high
-        percentile: with 10% stragglers p95 *is* a straggler, and a threshold above it
-        would never move one. The floor keeps thread churn away from tasks too short to
-        matter. The loader keeps it across epochs (`ImageLoader._straggler_threshold`):
-        one made per epoch had no limit for each epoch's first 32 tasks."""
+        """When a ``name`` task counts as a straggler: the loader's, kept across epochs
+        (`ImageLoader._straggler_threshold`)."""
         return self.loader._straggler_threshold(name)
 
     # -- consuming -----------------------------------------------------------------------
@@ -766,22 +763,25 @@ class CpuEpoch(EpochBase):
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
     # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
-        read, sizer = self.loader.source.read, self.sizer
+        read = self.loader.source.read
 
         def one(task: Task) -> None:
             task.data = read(task.index)
 
-        def probed(task: Task) -> None:  # one of the reads the sizer's early verdict judges
-            place = sizer.read_began() if sizer is not None else None
-            try:
-                task.data = read(task.index)
-            finally:
-                if sizer is not None and place is not None:
-                    sizer.read_ended(place)
+        if self.sizer is None or not self.sizer.probing:
+            return self.each_in_run("read", run, one)
+        sizer = self.sizer
 
-        if sizer is not None and sizer.probing:
-            return self.each_in_run("read", run, probed)
-        return self.each_in_run("read", run, one)
+        def probed(task: Task) -> None:  # one of the reads the sizer's early verdict judges
+            place = sizer.read_began()
+            if place is None:
+                return one(task)
+            try:
+                one(task)
+            finally:
+                sizer.read_ended(place)
+
+        return self.each_in_run("read", run, probed)
 
     def decode_run(self, run: list[Task]) -> list[Task]:
         rows = self.rows

@@ -768,9 +768,12 @@ class ImageLoader:
         return self._most_per_task()
 
     def _straggler_threshold(self, name: str) -> AdaptiveThreshold:
-        """Straggler mode's limit for task ``name`` (`EpochBase.straggler_threshold`),
-        kept across epochs as the run sizer is: a later epoch starts from what the last
-        one measured instead of with no limit for its first 32 tasks."""
+        """Straggler mode's limit for task ``name`` (`EpochBase.straggler_threshold`).
+        p75 x 4 rather than a high percentile: with 10% stragglers p95 *is* a straggler,
+        and a threshold above it would never move one. The floor keeps thread churn away
+        from tasks too short to matter. Kept across epochs as the run sizer is: a later
+        epoch starts from what the last one measured instead of with no limit for its
+        first 32 tasks."""
         threshold = self._thresholds.get(name)
         if threshold is None:
             threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)

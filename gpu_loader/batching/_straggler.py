@@ -84,17 +84,18 @@ class StragglerBatcher(BatcherBase[T]):
             and low // self.plan.batch_size + self._max_delay <= self._emitted
         ):
             return None  # emitting now would push `low` past its bound: wait for it
+        # The batch's largest position, only when the caller restricts what it may skip:
+        # pop runs after every completion, and a free pop needs no look at the heap.
         names: Collection[int] = ()
-        if moves and callable(wait_for):
-            # Called only now that a batch that skips a position could go (see `pop`).
+        if not moves:
             top = heapq.nsmallest(size, heap)[-1]
-            if top > low:
+        elif callable(wait_for):
+            top = heapq.nsmallest(size, heap)[-1]
+            if top > low:  # called only now that a batch skipping one could go (`pop`)
                 names = wait_for()
         else:
-            names = () if not moves or callable(wait_for) else wait_for
-            # The batch's largest position, only when the caller restricts what it may
-            # skip: pop runs after every completion, and a free pop needs no look at it.
-            top = heapq.nsmallest(size, heap)[-1] if not moves or names else low
+            names = wait_for
+            top = heapq.nsmallest(size, heap)[-1] if names else low
         if top > low:  # the batch would skip incomplete positions in [low, top)
             if not moves:
                 return CALLER_WAITS
