@@ -814,15 +814,7 @@ def test_the_slow_lanes_measure_runs_per_sample(
     # Straggler mode's runs: a decode lane that learnt whole runs' times would be off by
     # the run size whenever that changes (one sample per call while the run sizer warms
     # up, then runs of 8: every run moved to the slow lane in a loader's first epoch).
-    import gpu_loader._epoch as epoch_module
-
-    real = epoch_module.load_into
-
-    def takes_5ms(*args: Any, **kw: Any) -> Any:
-        time.sleep(0.005)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(epoch_module, "load_into", takes_5ms)
+    decodes_take(monkeypatch, lambda key: 0.005)
     items = [(unique_list.key(i % len(unique_list)), i) for i in range(3 * len(unique_list))]
     options = gl.LoaderOptions(samples_per_task=4, decode_threads=2, io_threads=2)
     loader = make(FileList(items), batch_size=4, batching="straggler", options=options)
@@ -853,18 +845,10 @@ def test_a_later_epoch_starts_with_the_straggler_limits_the_last_one_learnt(
 def test_runs_after_the_run_sizers_warm_up_are_not_moved(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The automatic run sizer starts at one sample per call and goes to runs of 8 once
-    # it has measured 64 reads and decodes. A decode lane that learnt the single
-    # samples' times (its limit: 4 x ~5 ms) moved every run of 8 (~40 ms) after that.
-    import gpu_loader._epoch as epoch_module
-
-    real = epoch_module.load_into
-
-    def takes_5ms(*args: Any, **kw: Any) -> Any:
-        time.sleep(0.005)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(epoch_module, "load_into", takes_5ms)
+    # The automatic run sizer starts at one sample per call and goes to runs of 8 after
+    # its early verdict. A decode lane that learnt the single samples' times (its
+    # limit: 4 x ~5 ms) moved every run of 8 (~40 ms) after that.
+    decodes_take(monkeypatch, lambda key: 0.005)
     items = [(unique_list.key(i % len(unique_list)), i) for i in range(4 * len(unique_list))]
     options = gl.LoaderOptions(decode_threads=2, io_threads=2)
     loader = make(FileList(items), batch_size=16, batching="straggler", options=options)

@@ -63,6 +63,21 @@ def test_peaks_and_missing_pss() -> None:
     assert snap.rss_bytes == 200 << 20 and snap.peak_rss_bytes == 500 << 20
 
 
+def pss_reads_take(proc: FakeProc, clock: ScriptedClock, seconds: float) -> list[float]:
+    """Make ``proc``'s PSS readings take ``seconds`` of ``clock``; the list of the clock
+    readings at which each began."""
+    reads: list[float] = []
+    full_info = proc.memory_full_info
+
+    def costly() -> Any:
+        reads.append(clock())
+        clock.advance(seconds)
+        return full_info()
+
+    proc.memory_full_info = costly  # type: ignore[method-assign]
+    return reads
+
+
 def test_pss_is_read_no_more_often_than_its_cost_allows() -> None:
     # The kernel walks the page tables for PSS (milliseconds, more with a larger RSS):
     # at most 1% of one core goes to it, and never to the final reading of close(),
@@ -70,15 +85,7 @@ def test_pss_is_read_no_more_often_than_its_cost_allows() -> None:
     from gpu_loader.monitor._process import PSS_CPU_SHARE
 
     clock, proc = ScriptedClock(start=0.0), FakeProc()
-    reads: list[float] = []
-    full_info = proc.memory_full_info
-
-    def costly() -> Any:
-        reads.append(clock())
-        clock.advance(0.02)
-        return full_info()
-
-    proc.memory_full_info = costly  # type: ignore[method-assign]
+    reads = pss_reads_take(proc, clock, 0.02)
     sampler = ProcessSampler(0.5, clock=clock, proc=proc)
     for tick in range(10):
         proc.pss = (80 + tick) << 20
@@ -101,20 +108,12 @@ def test_a_renewed_sampler_keeps_the_pss_schedule() -> None:
     # A loader's monitor makes a new sampler every epoch: it must not read PSS at once
     # at every epoch's start, nor forget the last reading and the peak.
     clock, proc = ScriptedClock(start=0.0), FakeProc()
-    reads: list[float] = []
-    full_info = proc.memory_full_info
-
-    def costly() -> Any:
-        reads.append(clock())
-        clock.advance(0.02)  # the next reading is due 2 s after this one began
-        return full_info()
-
-    proc.memory_full_info = costly  # type: ignore[method-assign]
+    reads = pss_reads_take(proc, clock, 0.02)
     first = ProcessSampler(0.5, clock=clock, proc=proc)
     first.sample_once()
     clock.advance(0.5)
     second = ProcessSampler(0.5, clock=clock, proc=proc)
-    second.continue_pss(first)
+    second.continue_pss(first)  # 20 ms readings: the next is due 2 s after the first
     proc.pss = 1 << 20
     second.sample_once()
     assert reads == [0.0]
