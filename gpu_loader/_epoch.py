@@ -37,6 +37,7 @@ from gpu_loader.batching import (
 )
 from gpu_loader.batching._ledger import Ledger
 from gpu_loader.ops import load_into
+from gpu_loader.ops._decode import import_codecs
 from gpu_loader.pipeline import (
     IDLE,
     FailureRecord,
@@ -174,6 +175,7 @@ class EpochBase:
     """Closes the epoch if the loader's iterator is dropped before its first next()."""
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
+        import_codecs()  # here, not in a decode thread at the first PNG (see its docstring)
         self.loader = loader
         self.epoch = loader.epoch
         self.indices = loader.sampler.indices()

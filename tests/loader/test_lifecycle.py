@@ -401,3 +401,31 @@ def test_failures_are_counted_once_when_the_epoch_closes_while_they_are_counted(
 
     epoch.failures = close_then_count  # type: ignore[method-assign]
     assert loader._failure_count() == len(loader.failed_samples())
+
+
+def test_the_decoders_are_imported_before_the_decode_threads_start(photo_dir: Path) -> None:
+    # Imported at first use, OpenCV loaded in a decode thread at the first PNG (the folder
+    # has 10%), holding the GIL and the import lock while every decode waited.
+    script = f"""
+import builtins, json, sys, threading, gpu_loader as gl
+assert "cv2" not in sys.modules
+where = {{}}
+real_import = builtins.__import__
+def spy(name, *args, **kwargs):
+    if name in ("cv2", "simplejpeg") and name not in sys.modules:
+        where.setdefault(name, threading.current_thread().name)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+loader = gl.ImageLoader({str(photo_dir)!r}, batch_size=4, shuffle=False,
+                        transform=gl.ops.EvalTransform(size=32, resize=36))
+with loader:
+    images = sum(len(x) for x, _ in loader)
+print(json.dumps({{"where": where, "images": images}}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["images"] == 48
+    assert report["where"].get("cv2") == "MainThread", report
