@@ -132,6 +132,7 @@ class Received:
         self.mode = batcher.mode
         self.ledger = Ledger(batcher.plan)
         self.batches = self.ledger.load_state(resume, self.mode) if resume is not None else 0
+        self.last: Sequence[int] | None = None  # the positions `batches` last counted
         self.lock = threading.Lock()
 
     def delivered(self, positions: Sequence[int]) -> None:
@@ -140,6 +141,17 @@ class Received:
                 self.ledger.complete(position, ok=True)
                 self.ledger.deliver(position)
             self.batches += 1
+            self.last = positions
+
+    def undelivered(self, positions: Sequence[int]) -> None:
+        """Take back `delivered` (whatever of it was done before an interrupt cut it
+        short): the batch never reached the training loop."""
+        with self.lock:
+            for position in positions:
+                self.ledger.undeliver(position)
+            if self.last is positions:
+                self.batches -= 1
+                self.last = None
 
     def failed(self, position: int) -> None:
         with self.lock:
@@ -473,19 +485,28 @@ class EpochBase:
                             self.check_not_stopped()  # not a quiet, truncated epoch
                             break
                         images, labels, positions = produced
-                        self.received.delivered(positions)
                         monitor.record_batch(len(positions))
                         if progress is not None:
                             progress.step(loader.stats)
-                        # Last, so the bookkeeping above runs before the samples this
-                        # frees start: with the window full, the decode threads are idle
-                        # until then and do not compete with the training loop's thread
-                        # for the GIL (measured: 0.2-6 ms per batch of waiting with five
-                        # batches queued).
-                        self.release(len(positions))
                         rows = np.asarray(self.indices[list(positions)], np.int64)
+                        batch = Yielded(images, labels, rows, loader.source)
                         try:
-                            yield Yielded(images, labels, rows, loader.source)
+                            # Recorded as handed over just before it is: a Ctrl-C
+                            # between the two would leave the batch in the checkpoint
+                            # a training loop saves on KeyboardInterrupt, yet never
+                            # trained on, and a resume would skip its samples.
+                            self.received.delivered(positions)
+                            # Last, so the bookkeeping above runs before the samples
+                            # this frees start: with the window full, the decode
+                            # threads are idle until then and do not compete with the
+                            # training loop's thread for the GIL (measured: 0.2-6 ms
+                            # per batch of waiting with five batches queued).
+                            self.release(len(positions))
+                        except BaseException:
+                            self.received.undelivered(positions)
+                            raise
+                        try:
+                            yield batch
                         except GeneratorExit:  # a `break`, or the iterator collected
                             self._abandoned = True
                             raise

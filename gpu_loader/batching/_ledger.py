@@ -87,6 +87,17 @@ class Ledger:
         self.status[position] = DELIVERED
         self.delivered += 1
 
+    def undeliver(self, position: int) -> None:
+        """Undo `complete` and `deliver` of a position, if both were done: the loader's
+        record of a batch an interrupt stopped on its way to the training loop."""
+        if self.status[position] != DELIVERED:
+            return
+        self.status[position] = NOT_STARTED
+        self.delivered -= 1
+        self.completed -= 1
+        self.started -= 1
+        self._low = min(self._low, position)
+
     def remaining(self) -> list[int]:
         """Positions never started, ascending: what a resumed epoch still has to start."""
         if not self.started:  # a fresh epoch (every one but a resumed): all of them

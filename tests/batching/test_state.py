@@ -105,3 +105,27 @@ def test_ledger_remaining_and_failed_positions_match_their_statuses(codes: list[
             ledger.started += 1
     assert ledger.remaining() == [p for p, c in enumerate(codes) if c == NOT_STARTED]
     assert ledger.failed_positions() == [p for p, c in enumerate(codes) if c == FAILED]
+
+
+def test_ledger_undeliver_takes_back_only_delivered_positions() -> None:
+    # The loader's record of a batch an interrupt stopped before the training loop got it
+    # (`Received.undelivered`): possibly only part of it was recorded.
+    from gpu_loader.batching._ledger import Ledger
+    from gpu_loader.batching._plan import BatchPlan
+
+    ledger = Ledger(BatchPlan(12, 4))
+    for position in range(6):
+        ledger.complete(position, ok=True)
+        ledger.deliver(position)
+    ledger.complete(6, ok=False)
+    assert ledger.low() == 7
+    for position in (4, 5, 6, 7):  # 6 failed, 7 was never recorded: both untouched
+        ledger.undeliver(position)
+    state = ledger.to_state("ordered", 1)
+    assert state["delivered"] == [[0, 4]] and state["failed"] == [[6, 7]]
+    assert (ledger.delivered, ledger.completed, ledger.started) == (4, 5, 5)
+    assert ledger.low() == 4
+    assert ledger.remaining() == [4, 5, 7, 8, 9, 10, 11]
+    ledger.complete(4, ok=True)  # and the position completes again, once
+    with pytest.raises(ValueError, match="already completed"):
+        ledger.complete(4, ok=True)

@@ -429,3 +429,32 @@ print(json.dumps({{"where": where, "images": images}}))
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["images"] == 48
     assert report["where"].get("cv2") == "MainThread", report
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_ctrl_c_before_a_recorded_batch_is_handed_over_leaves_it_to_the_resume(
+    unique_list: FileList, batching: str
+) -> None:
+    # A training loop that saves its checkpoint on KeyboardInterrupt must not find in it
+    # a batch it never received: the resume would skip those samples.
+    loader = make(unique_list, batching=batching)
+    it = iter(loader)
+    seen = next(it)[1].tolist()
+    epoch = loader._epoch()
+    assert epoch is not None
+    real_release = epoch.release
+
+    def interrupted(count: int) -> None:  # the batch is recorded, then the Ctrl-C lands
+        del epoch.release
+        raise KeyboardInterrupt
+
+    epoch.release = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert epoch.release == real_release
+    state = loader.state_dict()
+    assert state["batcher"]["batches"] == 1
+    resumed = make(unique_list, batching=batching)
+    resumed.load_state_dict(state)
+    rest = [int(v) for _, y in resumed for v in y]
+    assert sorted(seen + rest) == list(range(len(unique_list)))
