@@ -473,6 +473,12 @@ class ImageLoader:
             # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
             self.set_epoch(self.sampler.epoch)
         if (self._epoch_done or self._epoch_begun) and not self._explicit_epoch:
+            # As set_epoch does: until this pass's epoch is `_active`, state_dict() must
+            # not pair the new epoch number with the last one's progress (a Ctrl-C while
+            # the new epoch starts up saved a checkpoint whose resume yielded nothing).
+            self._stop_epoch("a new iteration over the loader started")
+            self._active = None
+            self._closed_progress = None
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._known_epoch = self.sampler.epoch
             self._resume = None

@@ -49,7 +49,7 @@ class Ledger:
     def low(self) -> int:
         """The smallest position not completed yet (``num_kept`` when none)."""
         status, low = self.status, self._low
-        # Amortised O(1): positions never go back to an incomplete status.
+        # Amortised O(1): only `undeliver` takes a position back, and it lowers `_low`.
         while low < len(status) and status[low] >= READY:
             low += 1
         self._low = low

@@ -458,3 +458,38 @@ def test_a_ctrl_c_before_a_recorded_batch_is_handed_over_leaves_it_to_the_resume
     resumed.load_state_dict(state)
     rest = [int(v) for _, y in resumed for v in y]
     assert sorted(seen + rest) == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_ctrl_c_while_the_next_epoch_starts_saves_a_checkpoint_of_that_epoch(
+    unique_list: FileList, batching: str
+) -> None:
+    # Without set_epoch a new pass moves to the next epoch; a state saved before that
+    # epoch was active paired its number with the finished epoch's record (all
+    # delivered), so the resume yielded nothing of it.
+    from gpu_loader._epoch import EpochBase
+
+    loader = make(unique_list, batching=batching)
+    for _ in loader:
+        pass
+    init_code = EpochBase.__init__.__code__
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is init_code:
+            sys.settrace(None)
+            raise KeyboardInterrupt  # as a Ctrl-C at the epoch's first bytecode would
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                pass
+    finally:
+        sys.settrace(None)
+    state = loader.state_dict()
+    assert state["sampler"]["epoch"] == 1
+    resumed = make(unique_list, batching=batching)
+    resumed.load_state_dict(state)
+    got = [int(v) for _, y in resumed for v in y]
+    assert sorted(got) == list(range(len(unique_list)))
