@@ -446,9 +446,7 @@ class ImageLoader:
         if epoch != self._known_epoch:
             # A running epoch of another number would go on under the new one, and
             # state_dict() would pair this epoch with its progress.
-            self._stop_epoch(f"set_epoch({epoch}) was called while epoch {self._known_epoch} ran")
-            self._active = None  # its progress is not this epoch's (state_dict)
-            self._closed_progress = None
+            self._leave_epoch(f"set_epoch({epoch}) was called while epoch {self._known_epoch} ran")
         self.sampler.set_epoch(epoch)
         self._known_epoch = epoch
         self._explicit_epoch = True
@@ -473,12 +471,9 @@ class ImageLoader:
             # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
             self.set_epoch(self.sampler.epoch)
         if (self._epoch_done or self._epoch_begun) and not self._explicit_epoch:
-            # As set_epoch does: until this pass's epoch is `_active`, state_dict() must
-            # not pair the new epoch number with the last one's progress (a Ctrl-C while
-            # the new epoch starts up saved a checkpoint whose resume yielded nothing).
-            self._stop_epoch("a new iteration over the loader started")
-            self._active = None
-            self._closed_progress = None
+            # As set_epoch does: until this pass's epoch is `_active` (a Ctrl-C while it
+            # starts up saved a checkpoint whose resume yielded nothing of it).
+            self._leave_epoch("a new iteration over the loader started")
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._known_epoch = self.sampler.epoch
             self._resume = None
@@ -714,6 +709,13 @@ class ImageLoader:
         active = self._epoch()
         if active is not None:
             active.close(reason)
+
+    def _leave_epoch(self, reason: str) -> None:
+        """Stop the running epoch and forget its progress: another epoch is chosen, and
+        state_dict() must not pair that epoch's number with this one's progress."""
+        self._stop_epoch(reason)
+        self._active = None
+        self._closed_progress = None
 
     def _epoch(self) -> EpochBase | None:
         return self._active() if self._active is not None else None
