@@ -449,13 +449,22 @@ class EpochBase:
         if self._closed:
             raise RuntimeError("this epoch's iterator was closed before it started")
         monitor = loader._monitor_for_epoch()
-        # The training loop's first next() runs now: starting the epoch's samplers and
-        # threads is part of its wait (the start-up), so that wait begins here. (Between
-        # epochs the monitor's clock stands still until `start`: nothing is lost.)
-        monitor.wait_started()
-        in_wait = True
+        # `in_wait`: this generator may have a wait open on the monitor. It is set before
+        # each `wait_started` and cleared after each `wait_ended`, and the last `finally`
+        # ends a wait only if the monitor also has one open: a Ctrl-C inside either call
+        # then neither leaves the meter waiting for good ("wait_started() called twice"
+        # at every later pass) nor ends a wait twice (a RuntimeError that replaced the
+        # KeyboardInterrupt, and with it the loop's checkpoint). The flag, not the
+        # monitor alone, because an older pass's generator collected during this one's
+        # wait must not end it.
+        in_wait = False
         progress = None
         try:
+            # The training loop's first next() runs now: starting the epoch's samplers
+            # and threads is part of its wait (the start-up), so that wait begins here.
+            # (Between epochs the monitor's clock stands still until `start`.)
+            in_wait = True
+            monitor.wait_started()
             loader._start_monitoring()
             progress = loader._make_progress(len(self.todo), monitor)
             with self.running():
@@ -463,8 +472,8 @@ class EpochBase:
                     while True:
                         self.check_not_stopped()
                         if not in_wait:
-                            monitor.wait_started()
                             in_wait = True
+                            monitor.wait_started()
                         try:
                             produced = self.next_batch()
                         except Exception as exc:
@@ -528,7 +537,9 @@ class EpochBase:
             raise
         finally:
             try:
-                if in_wait:  # the threads did not start, or the epoch was stopped meanwhile
+                # The threads did not start, the epoch was stopped meanwhile, or an
+                # exception cut the bookkeeping short.
+                if in_wait and monitor.wait_open:
                     monitor.wait_ended()
                 if progress is not None:
                     progress.close(loader.stats())

@@ -506,12 +506,15 @@ class ImageLoader:
             self._failed = [f for f in self._failed if f.epoch != same or f.key in restored]
             have = {f.key for f in self._failed if f.epoch == same}
             epoch.restored = [f for f in epoch.restored if f.key not in have]
-        self._resume = None
-        self._restored = False
         self._passes += 1
         epoch.pass_number = self._passes
         self._closed_progress = None
+        # The epoch is `_active` before the resume state is dropped, so that a
+        # state_dict() taken at any point in between (a Ctrl-C here) has one of them:
+        # without both, it recorded nothing delivered, and its resume repeated samples.
         self._active = weakref.ref(epoch)
+        self._restored = False
+        self._resume = None
         iterator = epoch.batches()
         # A generator dropped before its first next() runs none of its code, and the
         # epoch's pipeline is held by the engine's finalizer through the epoch's own stage

@@ -182,6 +182,11 @@ class Monitor:
         """The consumer got its item."""
         self.stall.wait_ended()
 
+    @property
+    def wait_open(self) -> bool:
+        """A wait has started and not ended (`StallMeter.wait_open`)."""
+        return self.stall.wait_open
+
     def waiting(self) -> Any:
         """Context manager around the blocking ``next()``."""
         return self.stall.waiting()

@@ -86,6 +86,13 @@ class StallMeter:
             while self._recent and self._recent[0][1] <= horizon:
                 self._recent.popleft()
 
+    @property
+    def wait_open(self) -> bool:
+        """A wait has started and not ended yet. A caller that an exception (a Ctrl-C)
+        may cut off between its own call and its own bookkeeping asks this, rather than
+        a flag of its own, whether it still has a wait to end."""
+        return self._wait_start is not None
+
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """``with meter.waiting(): batch = next(it)`` — ends the wait even on StopIteration."""

@@ -87,6 +87,19 @@ def test_waiting_ends_even_when_next_raises() -> None:
     meter.wait_started()  # the meter is usable again
 
 
+def test_wait_open_says_whether_a_wait_is_running() -> None:
+    meter = StallMeter(ScriptedClock())
+    assert not meter.wait_open
+    meter.wait_started()
+    assert meter.wait_open
+    meter.wait_ended()
+    assert not meter.wait_open
+    with pytest.raises(StopIteration), meter.waiting():
+        assert meter.wait_open
+        raise StopIteration
+    assert not meter.wait_open
+
+
 def test_stall_misuse_is_an_error() -> None:
     meter = StallMeter(ScriptedClock())
     with pytest.raises(RuntimeError, match="without a matching"):
