@@ -214,6 +214,10 @@ class EpochBase:
         waiting for the training loop is not the source's work)."""
         self.cond = threading.Condition()
         self.stopping = threading.Event()
+        self.pipeline_closed = threading.Event()
+        """A pipeline of this epoch closed: its source must not wait for room any more
+        (`feeds`). Apart from `stopping`, which says the epoch was stopped: a pipeline
+        also closes when its output ends."""
         self.pid = os.getpid()  # its threads exist in this process only
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
@@ -272,13 +276,17 @@ class EpochBase:
             if self.in_flight >= self.room(sizer):
                 clock = time.perf_counter
                 began = clock()
-                while self.in_flight >= self.room(sizer) and not self.stopping.is_set():
+                while self.in_flight >= self.room(sizer) and not self.feeding_ended():
                     self.cond.wait(0.005 if sizer is not None and sizer.probing else 0.05)
                 self.window_wait_s += clock() - began
-            if self.stopping.is_set():
+            if self.feeding_ended():
                 return False
             self.in_flight += 1
             return True
+
+    def feeding_ended(self) -> bool:
+        """The epoch stopped, or a pipeline it feeds closed: start no more samples."""
+        return self.stopping.is_set() or self.pipeline_closed.is_set()
 
     def task_at(self, position: int, index_of: Callable[[int], str]) -> Task:
         index = int(self.indices[position])
@@ -522,10 +530,11 @@ class EpochBase:
                 finally:
                     # Before `running` stops the pipelines: their source thread may be
                     # waiting for room in the window (a training loop that broke out or
-                    # raised leaves it full), and only `stopping` ends that wait. Without
-                    # this the pipeline's close waited out its 10 s join timeout for it
-                    # (seen in 1 of ~30 test runs). At the epoch's end every thread has
-                    # finished, and this changes nothing.
+                    # raised leaves it full). Without this the pipeline's close waited
+                    # out its 10 s join timeout for it (seen in 1 of ~30 test runs);
+                    # the close now also ends that wait (`feeds`), but only at the
+                    # wait's next 50 ms poll, and this wakes it at once. At the epoch's
+                    # end every thread has finished, and this changes nothing.
                     self.stop_feeding()
             self.finished = True
             loader._epoch_finished()
@@ -572,11 +581,15 @@ class EpochBase:
 
     def feeds(self, pipeline: Pipeline) -> None:
         """`source` waits for window room on `stopping`, which only the epoch sets. A
-        pipeline shut down without the epoch (its finalizer at interpreter exit, while
-        the training loop still holds the iterator) must end that wait too, or each join
-        of the source thread waited out its 10 s (30 s at exit). Finalizers run newest
-        first, so this one runs before the pipeline's own."""
-        weakref.finalize(pipeline, self.stopping.set)
+        pipeline closed without the epoch's own `stop_feeding` must end that wait too, or
+        each join of the source thread waited out its 10 s: its finalizer at interpreter
+        exit, while the training loop still holds the iterator (30 s), and a Ctrl-C while
+        the epoch starts its pipeline, before `_batches` can stop feeding (QA: 17 of 250
+        real signals). The pipeline sets `pipeline_closed` before it joins
+        (`Pipeline.on_close`): the Event alone, so that the pipeline's finalizer does not
+        keep the epoch alive, and not `stopping`, which would cost a finished epoch its
+        end marker (a pipeline also closes when its output ends)."""
+        pipeline.on_close(self.pipeline_closed.set)
 
     def check_not_stopped(self) -> None:
         if os.getpid() != self.pid:

@@ -36,6 +36,7 @@ class _Core:
         self.sink = Channel(sink_capacity, self.rt.stop)
         self.consumer = WorkerCounters()
         self.started_at = 0.0
+        self.on_close: list[Callable[[], None]] = []
         upstream: Channel | None = None
         for i, stage in enumerate(self.stages):
             last = i == len(self.stages) - 1
@@ -50,6 +51,11 @@ class _Core:
             stage.start(self.rt)
 
     def shutdown(self) -> None:
+        for wake in list(self.on_close):  # before the join: it may be what ends a wait
+            try:
+                wake()
+            except Exception:
+                logger.exception("pipeline %s: an on_close callback raised", self.rt.name)
         self.rt.shutdown()
 
     def stats(self) -> PipelineStats:
@@ -145,6 +151,14 @@ class Pipeline:
         # Not just `self._finalizer()`: a second caller must also wait for the join.
         self._finalizer.detach()
         self._core.shutdown()
+
+    def on_close(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` whenever the pipeline closes (`close`, a failed `start`, the
+        finalizer), before it joins its threads: for a source or op that waits on
+        something of the caller's, which the pipeline's own stop event does not end.
+        It may be called more than once and from any thread, so it must be quick and
+        idempotent (set an event), and must not reference the pipeline."""
+        self._core.on_close.append(wake)
 
     def __enter__(self) -> Pipeline:
         return self.start()

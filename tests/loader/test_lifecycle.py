@@ -604,3 +604,27 @@ def test_a_ctrl_c_as_a_wait_ends_reaches_the_loop(unique_list: FileList) -> None
     rest = [int(v) for _, y in loader for v in y]
     assert sorted(seen + rest) == list(range(len(unique_list)))
     loader.close()
+
+
+def test_a_ctrl_c_while_an_epoch_starts_its_threads_arrives_at_once(
+    unique_list: FileList,
+) -> None:
+    # The pipeline's close joined the source thread, which waits for window room on an
+    # event only the epoch set, and the epoch had not reached the code that sets it: the
+    # Ctrl-C reached the loop after the 10 s join timeout (QA: 17 of 250 real signals).
+    from gpu_loader._epoch import CpuEpoch
+
+    running = CpuEpoch.running.__wrapped__  # type: ignore[attr-defined]
+    line = _line_of(running, "self.former.start()")
+    loader = make(unique_list)
+    assert loader._window() < len(unique_list)  # the source thread fills it and waits
+    seen: list[int] = []
+    began = time.monotonic()
+    assert _iterate_traced(loader, _interrupt(running.__code__, line=line), seen)
+    took = time.monotonic() - began
+    assert seen == []
+    assert took < 5.0, f"the KeyboardInterrupt took {took:.1f} s to arrive"
+    loader.load_state_dict(loader.state_dict())
+    rest = [int(v) for _, y in loader for v in y]
+    assert sorted(rest) == list(range(len(unique_list)))
+    loader.close()

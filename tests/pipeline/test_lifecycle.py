@@ -16,7 +16,7 @@ import pytest
 
 from gpu_loader.pipeline import Pipeline, PipelineBuilder, PipelineFailure
 
-from ._helpers import pipeline_threads
+from ._helpers import pipeline_threads, wait_no_pipeline_threads
 
 
 def busy_pipeline(n: int = 1_000_000, concurrency: int = 3) -> Pipeline:
@@ -337,3 +337,70 @@ def test_a_thread_a_ctrl_c_kept_from_starting_does_not_break_the_shutdown(
     monkeypatch.setattr(threading.Thread, "start", real_start)
     rt.shutdown()  # joins the first, skips the one that never started
     assert pipeline_threads() == []
+
+
+def _gated_pipeline(gate: threading.Event) -> Pipeline:
+    """A source that waits on ``gate`` after its first item: the stop event does not
+    reach it (as the loader's source waits for room in its window)."""
+
+    def source() -> Iterator[int]:
+        yield 0
+        while not gate.wait(0.05):
+            pass
+        yield 1
+
+    return PipelineBuilder().add_source(source()).pipe(lambda x: x).add_sink(2).build()
+
+
+@pytest.mark.parametrize("how", ["close", "break", "del"])
+def test_on_close_wakes_a_source_waiting_on_its_owner(how: str) -> None:
+    gate = threading.Event()
+    p = _gated_pipeline(gate)
+    p.on_close(gate.set)
+    calls: list[str] = []
+    p.on_close(lambda: calls.append(threading.current_thread().name))
+    began = time.monotonic()
+    if how == "close":
+        p.start()
+        p.close()
+    elif how == "break":
+        for _ in p:
+            break
+    else:
+        p.start()
+        del p
+        gc.collect()
+    assert time.monotonic() - began < 5.0  # not the 10 s join timeout
+    assert gate.is_set() and calls
+    assert wait_no_pipeline_threads() == []
+
+
+def test_without_on_close_the_same_source_holds_the_join() -> None:
+    # Guards the test above: the stop event alone does not end the source's wait.
+    gate = threading.Event()
+    p = _gated_pipeline(gate).start()
+    closer = threading.Thread(target=p.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive()  # joining the source thread
+    gate.set()
+    closer.join(5.0)
+    assert not closer.is_alive()
+
+
+def test_a_broken_on_close_callback_is_logged_and_the_close_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = threading.Event()
+    p = _gated_pipeline(gate)
+
+    def broken() -> None:
+        raise ValueError("boom")
+
+    p.on_close(broken)
+    p.on_close(gate.set)
+    p.start()
+    p.close()
+    assert gate.is_set()
+    assert "on_close callback raised" in caplog.text
+    assert wait_no_pipeline_threads() == []
