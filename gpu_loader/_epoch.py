@@ -212,7 +212,13 @@ class EpochBase:
         self.window_wait_s = 0.0
         """Seconds `source` has waited for room in the window (the engine's back-pressure:
         waiting for the training loop is not the source's work)."""
-        self.cond = threading.Condition()
+        # The training loop's thread takes the window's lock itself (`release`,
+        # `stop_feeding`): an RLock's `with` is C code, where a Ctrl-C cannot land
+        # between acquiring it and the `with` that releases it. Condition's own
+        # `__enter__` is Python: a Ctrl-C there left the lock held for good, and the
+        # source thread, waiting to take it back, held the pipeline's join for 10 s.
+        self.window_lock = threading.RLock()
+        self.cond = threading.Condition(self.window_lock)
         self.stopping = threading.Event()
         self.pipeline_closed = threading.Event()
         """A pipeline of this epoch closed: its source must not wait for room any more
@@ -396,7 +402,7 @@ class EpochBase:
         yield from batcher.pop_final()
 
     def release(self, count: int) -> None:
-        with self.cond:
+        with self.window_lock:
             self.in_flight -= count
             self.cond.notify_all()
 
@@ -576,7 +582,7 @@ class EpochBase:
     def stop_feeding(self) -> None:
         """Stop starting samples: wake the source thread if it waits for the window."""
         self.stopping.set()
-        with self.cond:
+        with self.window_lock:
             self.cond.notify_all()
 
     def feeds(self, pipeline: Pipeline) -> None:

@@ -628,3 +628,71 @@ def test_a_ctrl_c_while_an_epoch_starts_its_threads_arrives_at_once(
     rest = [int(v) for _, y in loader for v in y]
     assert sorted(rest) == list(range(len(unique_list)))
     loader.close()
+
+
+def _interrupt_within(code: Any, event: int, call: int) -> tuple[Any, list[int]]:
+    """A trace function that raises KeyboardInterrupt at the ``event``-th line or return
+    of the ``call``-th run of ``code``, counting those of every function it calls too;
+    and a list of the events so far.
+
+    A line a frame has run already is not counted: that is a loop going round, or a
+    ``with`` statement's exit, where a trace function can raise before ``__exit__`` is
+    called but a Ctrl-C cannot (the interpreter looks for signals after calls, and the
+    last call of the block is still inside it)."""
+    calls, seen = 0, []
+    target: Any = None
+    lines: set[tuple[int, int]] = set()
+
+    def local(frame: Any, what: str, arg: Any) -> Any:
+        if what == "line" and (id(frame), frame.f_lineno) in lines:
+            return local
+        if what in ("line", "return"):
+            lines.add((id(frame), frame.f_lineno))
+            seen.append(1)
+            if len(seen) == event:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, what: str, arg: Any) -> Any:
+        nonlocal calls, target
+        if what != "call":
+            return None
+        if frame.f_code is code:
+            calls += 1
+            if calls == call:
+                target = frame
+                return local
+            return None
+        caller = frame.f_back
+        while caller is not None and caller is not target:
+            caller = caller.f_back
+        return local if caller is not None else None
+
+    return tracer, seen
+
+
+def test_a_ctrl_c_anywhere_in_a_window_release_stops_at_once(unique_list: FileList) -> None:
+    # Inside Condition.__enter__ (Python code), a Ctrl-C left the window's lock held for
+    # good: the source thread, waiting to take it back, held the pipeline's join for its
+    # 10 s timeout (QA, with real signals).
+    from gpu_loader._epoch import EpochBase
+
+    code = EpochBase.release.__code__
+    for event in range(1, 100):  # until the release ran out of events (how many varies:
+        loader = make(unique_list)  # `notify_all` visits the waiting threads)
+        seen: list[int] = []
+        tracer, _count = _interrupt_within(code, event, call=3)
+        began = time.monotonic()
+        if not _iterate_traced(loader, tracer, seen):
+            loader.close()
+            break
+        took = time.monotonic() - began
+        assert took < 5.0, f"event {event}: the KeyboardInterrupt took {took:.1f} s to arrive"
+        state = loader.state_dict()
+        loader.close()
+        resumed = make(unique_list)
+        resumed.load_state_dict(state)
+        rest = [int(v) for _, y in resumed for v in y]
+        assert sorted(seen + rest) == list(range(len(unique_list))), event
+    assert event > 3  # the Ctrl-C did land in it, at several points
