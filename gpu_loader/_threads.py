@@ -1,12 +1,16 @@
-"""Threads and Ctrl-C: joining threads an interrupt kept from starting, and raising an
-interrupt again once a generator's finalizer (where it cannot propagate) has returned."""
+"""Threads and Ctrl-C: joining threads an interrupt kept from starting, raising an
+interrupt again once a generator's finalizer (where it cannot propagate) has returned, and
+holding one back from code that cannot take it."""
 
 from __future__ import annotations
 
 import _thread
+import contextlib
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 
@@ -49,3 +53,28 @@ def interrupt_main_after(inside: FrameType) -> None:
     threading.Thread(
         target=wait_then_interrupt, args=(inside,), name="gpu_loader-interrupt", daemon=True
     ).start()
+
+
+@contextlib.contextmanager
+def interrupt_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block has run, then raise KeyboardInterrupt.
+
+    For short code that a KeyboardInterrupt would leave broken for the rest of the
+    process (OpenCV's import). Only in the main thread with Python's own SIGINT handler
+    in place (the only one that raises KeyboardInterrupt; a handler of the program's own
+    is left alone); elsewhere the block runs as it is.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt

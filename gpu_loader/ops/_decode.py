@@ -127,12 +127,44 @@ def import_codecs() -> None:
     of 8 decodes took 50-100 ms, against 10-25 ms, while the training loop waited for its
     second and third batches). Pillow, the decoder of the pure-Python backend and of files
     OpenCV refuses, is imported too when the native extension is not in use.
-    """
-    import cv2  # noqa: F401
-    import simplejpeg  # noqa: F401
 
-    if native_module() is None:
-        from PIL import Image  # noqa: F401
+    A Ctrl-C meanwhile arrives when the imports have finished (`interrupt_deferred`).
+    OpenCV's loader, cut short (30-150 ms at a process's first epoch), left a flag that
+    made every later import in the process fail ("recursion is detected during loading
+    of cv2"), and swallows a KeyboardInterrupt in one of its bare ``except:`` blocks
+    (QA: 7 of 184 second passes after a real Ctrl-C there failed).
+    """
+    from gpu_loader._threads import interrupt_deferred
+
+    with interrupt_deferred():
+        _import_cv2()
+        import simplejpeg  # noqa: F401
+
+        if native_module() is None:
+            from PIL import Image  # noqa: F401
+
+
+def _import_cv2() -> None:
+    """``import cv2``; if that fails part-way, undo what OpenCV's loader had done, so that
+    a later import can still succeed (a signal handler of the program's own may raise
+    where `interrupt_deferred` does not hold it back)."""
+    if "cv2" in sys.modules:
+        return
+    path, flagged = list(sys.path), hasattr(sys, "OpenCV_LOADER")
+    library_path = os.environ.get("LD_LIBRARY_PATH")
+    try:
+        import cv2  # noqa: F401
+    except BaseException:
+        if not flagged and hasattr(sys, "OpenCV_LOADER"):  # its bootstrap did not finish
+            del sys.OpenCV_LOADER
+            sys.path[:] = path
+            if library_path is None:
+                os.environ.pop("LD_LIBRARY_PATH", None)
+            else:
+                os.environ["LD_LIBRARY_PATH"] = library_path
+            for name in [m for m in sys.modules if m == "cv2" or m.startswith("cv2.")]:
+                del sys.modules[name]
+        raise
 
 
 def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | memoryview:

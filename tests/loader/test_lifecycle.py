@@ -696,3 +696,76 @@ def test_a_ctrl_c_anywhere_in_a_window_release_stops_at_once(unique_list: FileLi
         rest = [int(v) for _, y in resumed for v in y]
         assert sorted(seen + rest) == list(range(len(unique_list))), event
     assert event > 3  # the Ctrl-C did land in it, at several points
+
+
+_CV2_BOOTSTRAP_SCRIPT = """
+import os, signal, sys, gpu_loader as gl
+assert "cv2" not in sys.modules
+
+def tracer(frame, event, arg):  # into OpenCV's loader, after it set its 'loading' flag
+    if event == "call" and frame.f_code.co_name == "bootstrap" and "cv2" in frame.f_code.co_filename:
+        def local(frame, event, arg):
+            if event == "line" and getattr(sys, "OpenCV_LOADER", False):
+                sys.settrace(None)
+                {action}
+            return local
+        return local
+    return None
+
+def make():
+    return gl.ImageLoader({root!r}, batch_size=4, shuffle=False,
+                          transform=gl.ops.EvalTransform(size=32, resize=36))
+loader = make()
+sys.settrace(tracer)
+try:
+    for _ in loader:
+        pass
+    print("not interrupted")
+except KeyboardInterrupt:
+    cv2 = sys.modules.get("cv2")
+    print("interrupted; cv2 imported whole:", hasattr(cv2, "imdecode"))
+sys.settrace(None)
+print("then", sum(len(y) for _, y in make()), "images")
+"""
+
+
+def _run_cv2_bootstrap(photo_dir: Path, action: str) -> list[str]:
+    script = _CV2_BOOTSTRAP_SCRIPT.format(action=action, root=str(photo_dir))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-2:]
+
+
+def test_a_ctrl_c_while_opencv_loads_waits_for_it(photo_dir: Path) -> None:
+    # A real SIGINT inside OpenCV's loader left its flag set: every later loader in the
+    # process failed ("recursion is detected during loading of cv2"), or the loader's
+    # bare `except:` swallowed the Ctrl-C. It now arrives once the import is done.
+    lines = _run_cv2_bootstrap(photo_dir, "os.kill(os.getpid(), signal.SIGINT)")
+    assert lines == ["interrupted; cv2 imported whole: True", "then 48 images"]
+
+
+def test_an_exception_while_opencv_loads_leaves_it_loadable(photo_dir: Path) -> None:
+    # What a signal handler of the program's own could raise there (not held back).
+    lines = _run_cv2_bootstrap(photo_dir, "raise KeyboardInterrupt")
+    assert lines == ["interrupted; cv2 imported whole: False", "then 48 images"]
+
+
+def test_interrupt_deferred_holds_a_ctrl_c_until_the_block_ends() -> None:
+    import os
+    import signal
+
+    from gpu_loader._threads import interrupt_deferred
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    reached = []
+    with pytest.raises(KeyboardInterrupt), interrupt_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        for step in range(1000):  # the handler runs at the next check: none is raised here
+            reached.append(step)
+    assert len(reached) == 1000
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupt_deferred():  # nothing caught: nothing raised
+        reached.clear()
+    assert reached == []
