@@ -89,8 +89,8 @@ class StallMeter:
     @property
     def wait_open(self) -> bool:
         """A wait has started and not ended yet. A caller that an exception (a Ctrl-C)
-        may cut off between its own call and its own bookkeeping asks this, rather than
-        a flag of its own, whether it still has a wait to end."""
+        may cut off between its call and its own note of it asks this, as well as that
+        note (a wait open here may be another caller's), before it ends a wait."""
         return self._wait_start is not None
 
     @contextlib.contextmanager
