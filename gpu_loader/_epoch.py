@@ -586,12 +586,12 @@ class EpochBase:
             self.cond.notify_all()
 
     def feeds(self, pipeline: Pipeline) -> None:
-        """`source` waits for window room on `stopping`, which only the epoch sets. A
-        pipeline closed without the epoch's own `stop_feeding` must end that wait too, or
-        each join of the source thread waited out its 10 s: its finalizer at interpreter
-        exit, while the training loop still holds the iterator (30 s), and a Ctrl-C while
-        the epoch starts its pipeline, before `_batches` can stop feeding (QA: 17 of 250
-        real signals). The pipeline sets `pipeline_closed` before it joins
+        """`source` waits for window room until `feeding_ended`; `stopping` is set by the
+        epoch alone. A pipeline closed without the epoch's own `stop_feeding` must end
+        that wait too, or each join of the source thread waited out its 10 s: its
+        finalizer at interpreter exit, while the training loop still holds the iterator
+        (30 s), and a Ctrl-C while the epoch starts its pipeline, before `_batches` can
+        stop feeding (QA: 17 of 250 real signals). The pipeline sets `pipeline_closed` before it joins
         (`Pipeline.on_close`): the Event alone, so that the pipeline's finalizer does not
         keep the epoch alive, and not `stopping`, which would cost a finished epoch its
         end marker (a pipeline also closes when its output ends)."""
