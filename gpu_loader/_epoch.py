@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import queue
 import sys
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gpu_loader._augment import load_augmented
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
@@ -802,7 +804,10 @@ class CpuEpoch(EpochBase):
 
     def load(self, task: Task, out: np.ndarray) -> None:
         loader = self.loader
-        load_into(
+        load: Callable[..., object] = load_into
+        if loader.augment is not None:
+            load = functools.partial(load_augmented, loader.augment)
+        load(
             task.data or b"",
             loader.transform,
             sample_stream(loader.seed, self.epoch, task.stream),

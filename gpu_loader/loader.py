@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 
+from gpu_loader._augment import Augment, check_augment
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
@@ -107,7 +108,8 @@ class LoaderOptions:
     """Seconds between JSON-lines snapshots."""
     decode_on: DecodeOn = "auto"
     """Where images are decoded and transformed: ``auto`` is the GPU when the device is
-    CUDA (nvImageCodec batch decode + fused kernels), else the CPU."""
+    CUDA (nvImageCodec batch decode + fused kernels) and the loader has no ``augment``
+    function (CPU only), else the CPU."""
     gpu_streams: int = 2
     """GPU path: worker threads, each with its own CUDA stream and decoder."""
     arena_bytes: int = 256 * 2**20
@@ -234,6 +236,19 @@ class ImageLoader:
     ``WeightedRandomSampler`` does (class balancing: weight each sample by one over its
     class's count), from ``(seed, epoch)``, so ranks split one draw and a resume sees the
     same; a sample may then come more than once per epoch, and one of weight 0 never.
+
+    ``augment(image, generator) -> image`` (optional) runs on each sample after the crop,
+    resize and flip, before the normalisation: ``image`` is the sample's ``[3, H, W]``
+    uint8 CPU tensor (rounded to 8 bits), and the function returns a tensor of that shape,
+    uint8 (0-255) or floating point (0-1), which is then normalised and cast. torchvision's
+    tensor transforms (``ColorJitter``, ``RandAugment``, ``RandomErasing``, ...) fit as
+    they are. ``generator`` is a ``torch.Generator`` seeded from (seed, epoch, sample),
+    apart from the crop's stream: draw from it and the augmentation is reproducible,
+    whatever the threads and across a resume (torch's global generator, which torchvision
+    draws from, is shared by the loader's threads, so its draws depend on timing). It runs
+    in the decode threads, several samples at once, on the CPU path (``decode_on="auto"``
+    then picks it on a CUDA device too). An exception it raises fails that sample, as a
+    decode error does, with a note naming the function.
     """
 
     def __init__(
@@ -253,6 +268,7 @@ class ImageLoader:
         on_error: OnError = "skip",
         max_failures: int | float | None = 0.01,
         sample_weights: Any = None,
+        augment: Augment | None = None,
         options: LoaderOptions | None = None,
         # DataLoader's own arguments, refused with what to use instead (NoReturn: a type
         # checker flags them too).
@@ -295,6 +311,7 @@ class ImageLoader:
         self.batch_size = batch_size
         self.transform = transform
         _check_batch_fits(batch_size, transform, dtype)
+        self.augment = check_augment(augment)
         self.dtype: OutputDtype = dtype
         self.drop_last = drop_last
         self.batching: Batching = batching
@@ -320,7 +337,7 @@ class ImageLoader:
             )
         self.device = _resolve_device(device)
         self._pin = _pin_batches(self.device, self.options.pin_memory)
-        self._check_exif_for(self._gpu_decode_chosen())  # here rather than at iteration
+        self._check_cpu_only(self._gpu_decode_chosen())  # here rather than at iteration
         self.sampler = Sampler(
             len(source),
             shuffle=shuffle,
@@ -877,18 +894,30 @@ class ImageLoader:
                 f"this loader's device is {self.device}"
             )
         on_gpu = self._gpu_decode_chosen()
-        self._check_exif_for(on_gpu)
+        self._check_cpu_only(on_gpu)
         return on_gpu
 
     def _gpu_decode_chosen(self) -> bool:
+        """``decode_on="gpu"``, or ``"auto"`` on a CUDA device without an ``augment``
+        function (which runs on the CPU path only)."""
         mode = self.options.decode_on
-        return mode == "gpu" or (mode == "auto" and self.device.type == "cuda")
+        auto_gpu = self.device.type == "cuda" and self.augment is None
+        return mode == "gpu" or (mode == "auto" and auto_gpu)
 
-    def _check_exif_for(self, on_gpu: bool) -> None:
-        if on_gpu and not self.transform.exif_orientation:
+    def _check_cpu_only(self, on_gpu: bool) -> None:
+        """Refuse, on the GPU decode path, what only the CPU path does."""
+        if not on_gpu:
+            return
+        if not self.transform.exif_orientation:
             raise ValueError(
                 "exif_orientation=False is supported by the CPU decode path only (the GPU "
                 "decoder turns images upright); pass options=LoaderOptions(decode_on='cpu')"
+            )
+        if self.augment is not None:
+            raise ValueError(
+                "`augment` runs on the CPU decode path only (the GPU path decodes and "
+                "transforms whole batches in one kernel); leave LoaderOptions(decode_on=...) "
+                "at 'auto' or 'cpu', or augment the batch on the device in the training loop"
             )
 
     def _epoch_closed(
