@@ -28,7 +28,7 @@ from gpu_loader._augment import load_augmented
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
-from gpu_loader._threads import interrupt_main_after, join_started
+from gpu_loader._threads import InterruptSafeEvent, interrupt_main_after, join_started
 from gpu_loader.batching import (
     AdaptiveThreshold,
     Batch,
@@ -221,8 +221,8 @@ class EpochBase:
         # source thread, waiting to take it back, held the pipeline's join for 10 s.
         self.window_lock = threading.RLock()
         self.cond = threading.Condition(self.window_lock)
-        self.stopping = threading.Event()
-        self.pipeline_closed = threading.Event()
+        self.stopping = InterruptSafeEvent()
+        self.pipeline_closed = InterruptSafeEvent()
         """A pipeline of this epoch closed: its source must not wait for room any more
         (`feeds`). Apart from `stopping`, which says the epoch was stopped: a pipeline
         also closes when its output ends."""

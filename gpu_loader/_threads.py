@@ -78,3 +78,19 @@ def interrupt_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if caught:
         raise KeyboardInterrupt
+
+
+class InterruptSafeEvent(threading.Event):
+    """A `threading.Event` whose `set` a Ctrl-C cannot leave half done.
+
+    ``Event.set`` is Python code that takes its Condition's lock in ``Condition.__enter__``
+    (Python too): an interrupt landing after the acquire and before the ``with`` took hold
+    left the lock held for good, so every later ``wait()`` on the event (a pipeline's
+    reporter and slow-lane watcher, the monitor's sampler) blocked without end, and a
+    second ``set()`` from the main thread deadlocked on it (a close after the Ctrl-C). In
+    the main thread, `set` holds a Ctrl-C back until it has run (`interrupt_deferred`).
+    """
+
+    def set(self) -> None:
+        with interrupt_deferred():
+            super().set()

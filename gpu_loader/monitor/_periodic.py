@@ -13,7 +13,7 @@ import threading
 from types import TracebackType
 from typing import TypeVar
 
-from gpu_loader._threads import join_started
+from gpu_loader._threads import InterruptSafeEvent, join_started
 
 _log = logging.getLogger("gpu_loader.monitor")
 
@@ -40,7 +40,7 @@ class PeriodicThread:
     def __init__(self, name: str, interval_s: float) -> None:
         self.interval_s = check_interval("interval_s", interval_s)
         self._name = name
-        self._stop = threading.Event()
+        self._stop = InterruptSafeEvent()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._started = False

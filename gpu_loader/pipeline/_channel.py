@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from gpu_loader._threads import InterruptSafeEvent
+
 POLL_S = 0.05
 
 
@@ -54,7 +56,7 @@ def pass_on_wake(q: queue.SimpleQueue[Any]) -> NoReturn:
     raise Stopped
 
 
-class StopEvent(threading.Event):
+class StopEvent(InterruptSafeEvent):
     """The pipeline's stop event: `set` also runs the registered wakers, once."""
 
     def __init__(self) -> None:

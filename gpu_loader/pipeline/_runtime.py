@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpu_loader._threads import join_started
+from gpu_loader._threads import InterruptSafeEvent, join_started
 
 from ._channel import StopEvent
 from ._errors import PipelineFailure, add_note
@@ -44,7 +44,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closing = False
-        self._joiner: threading.Event | None = None  # set once the first shutdown has joined
+        self._joiner: InterruptSafeEvent | None = None  # set once the first shutdown has joined
         self._fatal: BaseException | None = None
         self.started_at: float | None = None
 
@@ -83,7 +83,7 @@ class Runtime:
             threads = list(self._threads)
             joined, first = self._joiner, self._joiner is None
             if first:
-                joined = self._joiner = threading.Event()
+                joined = self._joiner = InterruptSafeEvent()
         self.stop.set()
         assert joined is not None
         if not first:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -769,3 +771,73 @@ def test_interrupt_deferred_holds_a_ctrl_c_until_the_block_ends() -> None:
     with interrupt_deferred():  # nothing caught: nothing raised
         reached.clear()
     assert reached == []
+
+
+def _set_interrupted(event: threading.Event, at: int) -> bool:
+    """``event.set()`` with a real SIGINT sent at its ``at``-th line or return (counting
+    those of the functions it calls); True if the Ctrl-C was sent before ``set`` ended.
+
+    With Python's handler in place, the KeyboardInterrupt comes out of ``os.kill`` in the
+    trace function, which raises it at that line, so a line a frame has run already is
+    skipped, as in `_interrupt_within`. A KeyboardInterrupt is caught here."""
+    count = 0
+    sent = False
+    lines: set[tuple[int, int]] = set()
+
+    def local(frame: Any, what: str, arg: Any) -> Any:
+        nonlocal count, sent
+        if what == "line" and (id(frame), frame.f_lineno) in lines:
+            return local
+        if what in ("line", "return") and not sent:
+            lines.add((id(frame), frame.f_lineno))
+            count += 1
+            if count == at:
+                sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+        return local
+
+    sys.settrace(lambda frame, what, arg: local if what == "call" else None)
+    try:
+        event.set()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return sent
+
+
+def _still_works(event: threading.Event) -> bool:
+    """Another thread can wait on ``event`` and set it again (its lock is free)."""
+    waiter = threading.Thread(target=lambda: (event.wait(0.01), event.set()), daemon=True)
+    waiter.start()
+    waiter.join(2)
+    return not waiter.is_alive()
+
+
+def test_a_ctrl_c_inside_an_events_set_leaves_it_usable() -> None:
+    # threading.Event.set takes its Condition's lock in Condition.__enter__, Python code: a
+    # Ctrl-C after the acquire left the lock held, so every later wait() blocked for good
+    # (a pipeline's reporter, its slow-lane watcher, the monitor's sampler; a second
+    # set() from the main thread deadlocked). The loader's events hold the Ctrl-C back.
+    from gpu_loader._threads import InterruptSafeEvent
+    from gpu_loader.pipeline._channel import StopEvent
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    broken = None
+    for at in range(1, 400):
+        plain = threading.Event()
+        if not _set_interrupted(plain, at):
+            break
+        if not _still_works(plain):
+            broken = at  # that waiter thread stays blocked (a daemon)
+            break
+    assert broken, "no point in Event.set where a Ctrl-C breaks it: the test lost its aim"
+    for kind in (InterruptSafeEvent, StopEvent):
+        set_first = 0  # interrupts that arrived once the event was set (held back)
+        for at in range(1, 400):
+            event = kind()
+            if not _set_interrupted(event, at):
+                break
+            set_first += event.is_set()
+            assert _still_works(event), (kind.__name__, at)
+        assert at > broken and set_first > 0, kind.__name__
