@@ -4,6 +4,7 @@ restarts an epoch, pickles it."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import os
@@ -796,6 +797,7 @@ def _set_interrupted(event: threading.Event, at: int) -> bool:
                 os.kill(os.getpid(), signal.SIGINT)
         return local
 
+    gc.disable()  # a collection's callbacks would be traced (and interrupted) too
     sys.settrace(lambda frame, what, arg: local if what == "call" else None)
     try:
         event.set()
@@ -803,6 +805,7 @@ def _set_interrupted(event: threading.Event, at: int) -> bool:
         pass
     finally:
         sys.settrace(None)
+        gc.enable()
     return sent
 
 
