@@ -304,7 +304,7 @@ class EpochBase:
     def stream_of(self, position: int, index: int) -> int:
         """`Task.stream` for the sample at ``position`` of this rank's epoch."""
         sampler = self.loader.sampler
-        if not sampler.weighted:
+        if not sampler.may_repeat:
             return index
         return sampler.num_samples + sampler.rank + sampler.world_size * position
 

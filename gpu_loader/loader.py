@@ -17,7 +17,7 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -41,6 +41,7 @@ from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, Train
 from gpu_loader.pipeline._defs import check_max_failures
 from gpu_loader.sources import SampleIndex, Sampler, open_index
 from gpu_loader.sources._rng import EPOCH_LIMIT
+from gpu_loader.sources._sampler import IterableSampler
 
 if TYPE_CHECKING:
     import torch
@@ -237,6 +238,14 @@ class ImageLoader:
     class's count), from ``(seed, epoch)``, so ranks split one draw and a resume sees the
     same; a sample may then come more than once per epoch, and one of weight 0 never.
 
+    ``sampler`` (optional) is what ``DataLoader(sampler=...)`` takes: an iterable of
+    dataset indices, with ``set_epoch(epoch)`` if its order depends on the epoch (called
+    before each epoch's order is taken). The loader runs that order instead of shuffling
+    (``shuffle`` then defaults to False; True is refused), and the sampler shards for
+    itself (``rank``, ``world_size`` and ``sample_weights`` are refused beside it). Every
+    epoch must give as many indices as the first. A resume needs the same order for the
+    saved epoch (a seeded sampler): the state keeps its digest and refuses another.
+
     ``augment(image, generator) -> image`` (optional) runs on each sample after the crop,
     resize and flip, before the normalisation: ``image`` is the sample's ``[3, H, W]``
     uint8 CPU tensor (rounded to 8 bits), and the function returns a tensor of that shape,
@@ -259,7 +268,7 @@ class ImageLoader:
         transform: TrainTransform | EvalTransform,
         device: Device | str = "cpu",
         dtype: OutputDtype | torch.dtype = "float32",
-        shuffle: bool = True,
+        shuffle: bool | None = None,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -268,6 +277,7 @@ class ImageLoader:
         on_error: OnError = "skip",
         max_failures: int | float | None = 0.01,
         sample_weights: Any = None,
+        sampler: Iterable[Any] | None = None,
         augment: Augment | None = None,
         options: LoaderOptions | None = None,
         # DataLoader's own arguments, refused with what to use instead (NoReturn: a type
@@ -276,10 +286,14 @@ class ImageLoader:
     ) -> None:
         if dataloader_kwargs:
             raise TypeError(_dataloader_kwargs_advice(dataloader_kwargs))
+        if shuffle is None:
+            shuffle = sampler is None
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool | np.bool_):
                 raise TypeError(f"`{name}` must be True or False, got {flag!r}")
         shuffle, drop_last = bool(shuffle), bool(drop_last)
+        if sampler is not None:
+            _check_sampler_args(shuffle, rank, world_size, sample_weights)
         try:  # int and numpy integers
             size = operator.index(batch_size) if not isinstance(batch_size, bool) else 0
         except TypeError:
@@ -338,15 +352,19 @@ class ImageLoader:
         self.device = _resolve_device(device)
         self._pin = _pin_batches(self.device, self.options.pin_memory)
         self._check_cpu_only(self._gpu_decode_chosen())  # here rather than at iteration
-        self.sampler = Sampler(
-            len(source),
-            shuffle=shuffle,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=False,
-            fingerprint=source.fingerprint(),
-            weights=sample_weights,
+        self.sampler: Sampler = (
+            Sampler(
+                len(source),
+                shuffle=shuffle,
+                seed=seed,
+                rank=rank,
+                world_size=world_size,
+                drop_last=False,
+                fingerprint=source.fingerprint(),
+                weights=sample_weights,
+            )
+            if sampler is None
+            else IterableSampler(sampler, len(source), seed=seed, fingerprint=source.fingerprint())
         )
         cpus = os.cpu_count() or 1
         self.decode_threads = self.options.decode_threads or cpus
@@ -982,8 +1000,6 @@ _DATALOADER_ARGS = {
     "persistent_workers": "not needed (threads start with each epoch, in milliseconds)",
     "collate_fn": "not supported (batches are always images [B, 3, H, W] and int64 labels "
     "[B]; change them in the training loop)",
-    "sampler": "use shuffle=, seed=, rank= and world_size= (and sample_weights= for a "
-    "WeightedRandomSampler)",
     "batch_sampler": "use batch_size=, drop_last=, shuffle=, seed=, rank= and world_size=",
     "generator": "use seed=",
     "worker_init_fn": "not needed (there are no worker processes)",
@@ -991,6 +1007,28 @@ _DATALOADER_ARGS = {
     "timeout": "not supported (a sample that fails is reported: on_error, max_failures)",
     "in_order": "use batching='ordered' (the default) or 'straggler'",
 }
+
+
+def _check_sampler_args(
+    shuffle: bool, rank: int | None, world_size: int | None, sample_weights: Any
+) -> None:
+    """What cannot go with ``sampler=``: it decides the order and shards for itself."""
+    if shuffle:
+        raise ValueError(
+            "`sampler` decides the order: leave `shuffle` unset (as DataLoader, which "
+            "refuses sampler= with shuffle=True)"
+        )
+    if rank is not None or world_size is not None:
+        raise ValueError(
+            "`sampler` shards for itself (give each rank's sampler its rank, as "
+            "DistributedSampler takes them): `rank` and `world_size` shard the loader's "
+            "own order, so leave them unset"
+        )
+    if sample_weights is not None:
+        raise ValueError(
+            "`sample_weights` and `sampler` both decide which samples an epoch draws: "
+            "give one (a WeightedRandomSampler as `sampler`, or the weights)"
+        )
 
 
 def _dataloader_kwargs_advice(kwargs: Mapping[str, object]) -> str:

@@ -12,6 +12,7 @@ split over the ranks the same way.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -172,6 +173,12 @@ class Sampler:
         return self._cumulative is not None
 
     @property
+    def may_repeat(self) -> bool:
+        """A sample may come more than once an epoch (weighted draws, a sampler of the
+        user's): each repeat then needs a random stream of its own."""
+        return self.weighted
+
+    @property
     def rank(self) -> int:
         return self._rank
 
@@ -276,6 +283,7 @@ class Sampler:
                 f"sampler state version {state.get('version')!r} is not {STATE_VERSION}; "
                 "it was written by an incompatible gpu_loader"
             )
+        self._check_order(state)  # first: a sampler's state differs in its settings too
         for name, ours in (
             ("num_samples", self.num_samples),
             ("fingerprint", self.fingerprint),
@@ -293,6 +301,14 @@ class Sampler:
             raise ValueError(
                 f"sampler state position {state['position']} exceeds the {len(self)} "
                 "samples per rank per epoch"
+            )
+
+    def _check_order(self, state: Mapping[str, Any]) -> None:
+        """A state whose order came from a sampler of the user's is not this one's."""
+        if state.get("order") is not None:
+            raise ValueError(
+                "refusing sampler state saved by a loader with `sampler=` (the epoch's "
+                "order came from it): resume with the same sampler"
             )
 
 
@@ -317,3 +333,108 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise TypeError(f"`{name}` must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
+
+
+class IterableSampler(Sampler):
+    """This rank's indices from a sampler of the user's (`ImageLoader(sampler=...)`).
+
+    ``sampler`` is what ``DataLoader(sampler=...)`` takes: an iterable of dataset indices
+    (ints, numpy or 0-d torch integers), with ``set_epoch(epoch)`` if its order depends on
+    the epoch (``DistributedSampler``'s habit; it is called before each epoch's pass). It
+    shards for itself: the loader takes what it gives. Its order is taken in whole at the
+    epoch's start (and cached), so the same number of indices every epoch is required
+    (``len(loader)`` is fixed). For exact resume, its order for an epoch must not change
+    between runs (seeded): the state keeps a digest of the epoch's order, and a resume
+    whose sampler gives another is refused instead of delivering the wrong samples.
+    """
+
+    def __init__(
+        self, sampler: Any, num_samples: int, *, seed: int = 0, fingerprint: str = ""
+    ) -> None:
+        if isinstance(sampler, str | bytes) or not hasattr(sampler, "__iter__"):
+            raise TypeError(
+                "`sampler` must be an iterable of dataset indices (a torch Sampler, a list, "
+                f"...), got {type(sampler).__name__}"
+            )
+        # Not sharded here; rank and world size (detected) only key the random streams.
+        super().__init__(num_samples, shuffle=False, seed=seed, fingerprint=fingerprint)
+        self.sampler = sampler
+        self._detected = False  # nothing to re-check: the sampler shards for itself
+        # Orders taken from the sampler, by epoch: the current one and at most one other
+        # (a state being checked), each taken once, so a sampler that is not seeded still
+        # gives one order per epoch here.
+        self._orders: dict[int, np.ndarray] = {}
+        self._length = len(self._order_for(0))
+
+    def __repr__(self) -> str:
+        return (
+            f"IterableSampler({type(self.sampler).__name__}, num_samples={self.num_samples}, "
+            f"epoch={self._epoch}, position={self._position})"
+        )
+
+    @property
+    def may_repeat(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return self._length
+
+    def indices(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        order = self._order_for(self._epoch)
+        if len(order) != self._length:
+            raise ValueError(
+                f"`sampler` gave {len(order)} indices for epoch {self._epoch} but "
+                f"{self._length} for epoch 0: a loader's length is the same every epoch"
+            )
+        return order
+
+    def _order_for(self, epoch: int) -> np.ndarray:
+        """What the sampler yields for ``epoch`` (read-only int64), checked."""
+        order = self._orders.get(epoch)
+        if order is not None:
+            return order
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        try:
+            order = np.fromiter((operator.index(i) for i in self.sampler), np.int64)
+        except TypeError as exc:
+            raise TypeError(
+                f"`sampler` must yield integer dataset indices; epoch {epoch}: {exc}"
+            ) from exc
+        if len(order) == 0:
+            raise ValueError(f"`sampler` gave no indices for epoch {epoch}")
+        bad = order[(order < 0) | (order >= self.num_samples)]
+        if len(bad):
+            raise ValueError(
+                f"`sampler` gave index {int(bad[0])} for epoch {epoch}; the source has "
+                f"{self.num_samples} samples (indices 0 to {self.num_samples - 1})"
+            )
+        order.flags.writeable = False
+        self._orders = {e: o for e, o in self._orders.items() if e == self._epoch}
+        self._orders[epoch] = order
+        return order
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "order": _digest(self.indices())}
+
+    def _check_order(self, state: Mapping[str, Any]) -> None:
+        if state.get("order") is None:
+            raise ValueError(
+                "refusing sampler state saved by a loader without `sampler=` (it has no "
+                "digest of the epoch's order): resume with the same settings"
+            )
+        _check_int("epoch", state["epoch"], 0)
+        ours = _digest(self._order_for(int(state["epoch"])))
+        if state["order"] != ours:
+            raise ValueError(
+                f"refusing sampler state: this `sampler` gives another order for epoch "
+                f"{state['epoch']} than the one saved (digest {ours} against "
+                f"{state['order']}), so the resume would repeat some samples and skip "
+                "others. Seed the sampler (its order must be a function of the epoch, "
+                "through set_epoch) or start the epoch afresh"
+            )
+
+
+def _digest(order: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(order, np.int64).tobytes()).hexdigest()[:16]

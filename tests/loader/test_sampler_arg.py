@@ -1,0 +1,183 @@
+"""`ImageLoader(sampler=...)`: the order of a sampler of the user's, as DataLoader takes one."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler
+
+import gpu_loader as gl
+from gpu_loader.ops import TrainTransform
+from gpu_loader.sources import FileList
+
+SIZE = 16
+
+
+def make(source: Any, **kw: Any) -> gl.ImageLoader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("transform", TrainTransform(SIZE))
+    return gl.ImageLoader(source, **kw)
+
+
+def labels(loader: gl.ImageLoader) -> list[int]:
+    return [int(v) for _, y in loader for v in y]
+
+
+def test_batches_follow_the_samplers_order_repeats_included(unique_list: FileList) -> None:
+    order = [5, 3, 3, 7, 0, 41, 3, 12, 9]
+    loader = make(unique_list, sampler=order)
+    assert len(loader) == 3 and loader.shuffle is False
+    images: list[torch.Tensor] = []
+    got = []
+    for x, y in loader:
+        images += list(x)
+        got += y.tolist()
+    assert got == order  # the fixture's labels are the indices
+    # Each repeat of a sample has its own crop and flip (its stream is its place).
+    threes = [images[i] for i, label in enumerate(got) if label == 3]
+    assert len(threes) == 3
+    assert not torch.equal(threes[0], threes[1]) and not torch.equal(threes[1], threes[2])
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_distributed_sampler_gives_each_rank_its_share_each_epoch(
+    unique_list: FileList, batching: str
+) -> None:
+    def sampler(rank: int) -> DistributedSampler[int]:
+        return DistributedSampler(unique_list, num_replicas=2, rank=rank, shuffle=True, seed=7)
+
+    loaders = [make(unique_list, sampler=sampler(r), batching=batching) for r in (0, 1)]
+    epochs = []
+    for epoch in range(2):
+        both = []
+        for rank, loader in enumerate(loaders):
+            loader.set_epoch(epoch)
+            expected = sampler(rank)
+            expected.set_epoch(epoch)  # what the loader calls on its own sampler
+            got = labels(loader)
+            if batching == "ordered":
+                assert got == list(expected)
+            else:  # the same samples, in the order they finished
+                assert Counter(got) == Counter(expected)
+            both += got
+        assert sorted(both) == list(range(len(unique_list)))  # 48 samples, 24 per rank
+        epochs.append(both)
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_resume_mid_epoch_delivers_what_the_epoch_had_left(
+    unique_list: FileList, batching: str
+) -> None:
+    def sampler() -> RandomSampler:
+        generator = torch.Generator().manual_seed(3)  # seeded: the same order each run
+        return RandomSampler(unique_list, replacement=True, num_samples=40, generator=generator)
+
+    full = labels(make(unique_list, sampler=sampler(), batching=batching))
+    loader = make(unique_list, sampler=sampler(), batching=batching)
+    it = iter(loader)
+    before = [int(v) for _ in range(3) for v in next(it)[1]]
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    resumed = make(unique_list, sampler=sampler(), batching=batching)
+    resumed.load_state_dict(state)
+    rest = labels(resumed)
+    assert Counter(before + rest) == Counter(full) and len(full) == 40
+    if batching == "ordered":
+        assert before + rest == full
+
+
+def test_a_resume_with_another_order_is_refused(unique_list: FileList) -> None:
+    loader = make(unique_list, sampler=list(range(20)))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ValueError, match="another order for epoch 0"):
+        make(unique_list, sampler=list(range(20, 40))).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved by a loader with `sampler=`"):
+        make(unique_list).load_state_dict(state)
+    plain = make(unique_list)
+    plain_state = plain.state_dict()
+    with pytest.raises(ValueError, match="saved by a loader without `sampler=`"):
+        make(unique_list, sampler=list(range(48))).load_state_dict(plain_state)
+
+
+def test_an_unseeded_sampler_is_taken_once_per_epoch(unique_list: FileList) -> None:
+    loader = make(unique_list, sampler=RandomSampler(unique_list), batching="ordered")
+    taken = list(loader.sampler)  # the order the epoch will run, taken from the sampler
+    assert labels(loader) == taken
+    assert sorted(taken) == list(range(len(unique_list)))
+
+
+def test_set_epoch_reaches_the_sampler(unique_list: FileList) -> None:
+    class Recording:
+        def __init__(self) -> None:
+            self.epochs: list[int] = []
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+        def __iter__(self) -> Any:
+            return iter([self.epochs[-1], 10 + self.epochs[-1]])
+
+    recording = Recording()
+    loader = make(unique_list, sampler=recording, batch_size=2)
+    assert labels(loader) == [0, 10]
+    loader.set_epoch(5)
+    assert labels(loader) == [5, 15]
+    assert labels(loader) == [6, 16]  # the next pass moves on by itself
+    assert recording.epochs == [0, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"shuffle": True}, ValueError, "leave `shuffle` unset"),
+        ({"rank": 0, "world_size": 2}, ValueError, "`sampler` shards for itself"),
+        ({"sample_weights": [1.0] * 48}, ValueError, "give one"),
+    ],
+)
+def test_arguments_the_sampler_replaces_are_refused(
+    unique_list: FileList, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        make(unique_list, sampler=[1, 2, 3], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "error", "message"),
+    [
+        ([1, 2, 48], ValueError, "gave index 48 for epoch 0; the source has 48 samples"),
+        ([1, -1], ValueError, "gave index -1"),
+        ([1.0, 2.0], TypeError, "must yield integer dataset indices"),
+        ([], ValueError, "gave no indices for epoch 0"),
+        (5, TypeError, "`sampler` must be an iterable of dataset indices"),
+        ("0123", TypeError, "`sampler` must be an iterable of dataset indices"),
+    ],
+)
+def test_a_bad_sampler_is_refused_when_the_loader_is_built(
+    unique_list: FileList, sampler: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        make(unique_list, sampler=sampler)
+
+
+def test_a_sampler_whose_length_changes_is_refused_at_that_epoch(unique_list: FileList) -> None:
+    class Growing:
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            return iter(range(4 + self.epoch))
+
+    loader = make(unique_list, sampler=Growing())
+    assert labels(loader) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="gave 5 indices for epoch 1 but 4 for epoch 0"):
+        labels(loader)
