@@ -181,3 +181,13 @@ def test_a_sampler_whose_length_changes_is_refused_at_that_epoch(unique_list: Fi
     assert labels(loader) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="gave 5 indices for epoch 1 but 4 for epoch 0"):
         labels(loader)
+
+
+def test_the_gpu_path_runs_the_samplers_order_too(unique_list: FileList) -> None:
+    from gpu_loader.cuda import standin_ports
+
+    options = gl.LoaderOptions(
+        decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 << 20, monitor_gpu=False
+    )
+    order = [9, 9, 2, 30, 4, 4, 4]
+    assert labels(make(unique_list, sampler=order, options=options)) == order
