@@ -109,8 +109,9 @@ class LoaderOptions:
     """Seconds between JSON-lines snapshots."""
     decode_on: DecodeOn = "auto"
     """Where images are decoded and transformed: ``auto`` is the GPU when the device is
-    CUDA (nvImageCodec batch decode + fused kernels) and the loader has no ``augment``
-    function (CPU only), else the CPU."""
+    CUDA (nvImageCodec batch decode + fused kernels), unless the loader asks for what the
+    CPU path alone does (an ``augment`` function, ``interpolation="bicubic"``,
+    ``exif_orientation=False``); else the CPU."""
     gpu_streams: int = 2
     """GPU path: worker threads, each with its own CUDA stream and decoder."""
     arena_bytes: int = 256 * 2**20
@@ -916,11 +917,17 @@ class ImageLoader:
         return on_gpu
 
     def _gpu_decode_chosen(self) -> bool:
-        """``decode_on="gpu"``, or ``"auto"`` on a CUDA device without an ``augment``
-        function (which runs on the CPU path only)."""
+        """``decode_on="gpu"``, or ``"auto"`` on a CUDA device unless the loader asks for
+        what only the CPU path does (an ``augment`` function, bicubic interpolation,
+        ``exif_orientation=False``)."""
         mode = self.options.decode_on
-        auto_gpu = self.device.type == "cuda" and self.augment is None
-        return mode == "gpu" or (mode == "auto" and auto_gpu)
+        transform = self.transform
+        cpu_only = (
+            self.augment is not None
+            or transform.interpolation != "bilinear"
+            or not transform.exif_orientation
+        )
+        return mode == "gpu" or (mode == "auto" and self.device.type == "cuda" and not cpu_only)
 
     def _check_cpu_only(self, on_gpu: bool) -> None:
         """Refuse, on the GPU decode path, what only the CPU path does."""
@@ -930,6 +937,12 @@ class ImageLoader:
             raise ValueError(
                 "exif_orientation=False is supported by the CPU decode path only (the GPU "
                 "decoder turns images upright); pass options=LoaderOptions(decode_on='cpu')"
+            )
+        if self.transform.interpolation != "bilinear":
+            raise ValueError(
+                f"interpolation={self.transform.interpolation!r} is supported by the CPU "
+                "decode path only (the GPU kernel resizes with the bilinear filter); leave "
+                "LoaderOptions(decode_on=...) at 'auto' or 'cpu'"
             )
         if self.augment is not None:
             raise ValueError(

@@ -74,7 +74,15 @@ def load_into(
         factor = cap_dct_factor(factor, buf)
         image = decode_at(buf, key=key, max_pixels=max_pixels, factor=factor, exif=exif)
         params = image.box(params)
-    transform_into(image, params, out, mean=transform.mean, std=transform.std, dtype=dtype)
+    transform_into(
+        image,
+        params,
+        out,
+        mean=transform.mean,
+        std=transform.std,
+        dtype=dtype,
+        interpolation=transform.interpolation,
+    )
     return height, width
 
 
@@ -134,7 +142,9 @@ def _load_jpeg_native(
             factor,
             -(-height // factor),  # libjpeg's scaled size: ceil(height / factor)
             -(-width // factor),
-            *native_target(params, out, dtype, transform.mean, transform.std),
+            *native_target(
+                params, out, dtype, transform.mean, transform.std, transform.interpolation
+            ),
         )
     except native.JpegError as exc:
         raise DecodeError(

@@ -36,6 +36,10 @@
  * Weights follow transform-semantics.md: scale = (b1 - b0) / out, filterscale = max(scale, 1),
  * support = filterscale, centre c = b0 + (i + 0.5) * scale, taps [max(int(c - support + 0.5), 0),
  * min(int(c + support + 0.5), in)), weight tri((x - c + 0.5) / filterscale), normalised.
+ * Both resize entry points take an optional last argument, the filter: 0 that triangle
+ * (Pillow's BILINEAR), 1 Pillow's BICUBIC (a = -0.5, support 2 * filterscale), whose
+ * negative lobes can overshoot: its resized values are clamped to [0, 255] before the
+ * stores (as Pillow's 8-bit result is; no clamp between the passes, which Pillow has).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -74,11 +78,22 @@ static void axis_free(Axis *a) {
     a->w = NULL;
 }
 
+enum { FILTER_BILINEAR = 0, FILTER_BICUBIC = 1 };
+
+/* Pillow's bicubic kernel (a = -0.5), support 2. */
+static double bicubic(double x) {
+    const double a = -0.5;
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
+}
+
 /* Pillow's precompute_coeffs in double, normalised, stored as float. 0 on success. */
-static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size) {
+static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size, int filter) {
     const double scale = (b1 - b0) / out_size;
     const double filterscale = scale > 1.0 ? scale : 1.0;
-    const double support = filterscale;
+    const double support = (filter == FILTER_BICUBIC ? 2.0 : 1.0) * filterscale;
     a->n = out_size;
     a->max_taps = (int)ceil(support) * 2 + 1;
     a->lo = malloc(sizeof(int) * (size_t)out_size);
@@ -101,16 +116,16 @@ static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size) {
             axis_free(a);
             return -1;
         }
-        double total = 0.0;
+        double total = 0.0; /* Pillow's own guard below: a zero sum leaves the taps at 0 */
         for (int x = lo; x < hi; ++x) {
             double t = fabs((x - c + 0.5) / filterscale);
-            double v = t < 1.0 ? 1.0 - t : 0.0;
+            double v = filter == FILTER_BICUBIC ? bicubic(t) : t < 1.0 ? 1.0 - t : 0.0;
             wp[x - lo] = v;
             total += v;
         }
         float *row = a->w + (size_t)i * (size_t)a->max_taps;
         for (int x = lo; x < hi; ++x) {
-            row[x - lo] = total > 0.0 ? (float)(wp[x - lo] / total) : 0.0f;
+            row[x - lo] = total != 0.0 ? (float)(wp[x - lo] / total) : 0.0f;
         }
         if (wp != ws) free(wp);
         a->lo[i] = lo;
@@ -265,6 +280,7 @@ typedef struct {
     /* output */
     char *out;
     int out_h, out_w, flip, dtype;
+    int clamp; /* the filter can overshoot [0, 255] (bicubic): clamp before the stores */
     float scale[3], shift[3];
 } Resizer;
 
@@ -290,10 +306,10 @@ static void axis_span(const Axis *a, int *first, int *last) {
 /* 0 on success, -1 out of memory. Box is (top, left, height, width) in source pixels. */
 static int resizer_init(Resizer *r, int height, int width, int channels, const double box[4],
                         char *out, int out_h, int out_w, int flip, int dtype,
-                        const float scale[3], const float shift[3]) {
+                        const float scale[3], const float shift[3], int filter) {
     memset(r, 0, sizeof(*r));
-    if (axis_init(&r->ay, height, box[0], box[0] + box[2], out_h) ||
-        axis_init(&r->ax, width, box[1], box[1] + box[3], out_w)) {
+    if (axis_init(&r->ay, height, box[0], box[0] + box[2], out_h, filter) ||
+        axis_init(&r->ax, width, box[1], box[1] + box[3], out_w, filter)) {
         resizer_free(r);
         return -1;
     }
@@ -321,6 +337,7 @@ static int resizer_init(Resizer *r, int height, int width, int channels, const d
     r->out_w = out_w;
     r->flip = flip;
     r->dtype = dtype;
+    r->clamp = filter == FILTER_BICUBIC;
     for (int c = 0; c < 3; ++c) {
         r->scale[c] = scale[c];
         r->shift[c] = shift[c];
@@ -374,6 +391,10 @@ static void finish_row(Resizer *r, int i) {
         horizontal_grey(r, acc);
     }
     const int planes = r->channels == 1 ? 1 : 3;
+    if (r->clamp) {
+        float *v = r->values;
+        for (int j = 0; j < planes * out_w; ++j) v[j] = v[j] < 0.0f ? 0.0f : v[j] > 255.0f ? 255.0f : v[j];
+    }
     const size_t plane = (size_t)r->out_h * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
     const size_t row = (size_t)i * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
     for (int c = 0; c < 3; ++c) {
@@ -430,6 +451,15 @@ static int parse_common(PyObject *box_obj, PyObject *scale_obj, PyObject *shift_
     return 0;
 }
 
+static int check_filter(int filter) {
+    if (filter != FILTER_BILINEAR && filter != FILTER_BICUBIC) {
+        PyErr_Format(PyExc_ValueError, "filter must be 0 (bilinear) or 1 (bicubic), got %d",
+                     filter);
+        return -1;
+    }
+    return 0;
+}
+
 static int check_box(const double box[4], int height, int width) {
     if (box[0] + box[2] > height + 1e-3 || box[1] + box[3] > width + 1e-3) {
         PyErr_Format(PyExc_ValueError, "crop box exceeds the %dx%d image", height, width);
@@ -462,11 +492,11 @@ static void clamp_box(double box[4], int height, int width) {
 
 static PyObject *py_resize_into(PyObject *self, PyObject *args) {
     Py_buffer src, out;
-    int height, width, channels, out_h, out_w, flip, dtype;
+    int height, width, channels, out_h, out_w, flip, dtype, filter = FILTER_BILINEAR;
     PyObject *box_obj, *scale_obj, *shift_obj;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO", &src, &height, &width, &channels, &box_obj,
-                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj))
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|i", &src, &height, &width, &channels, &box_obj,
+                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj, &filter))
         return NULL;
     PyObject *result = NULL;
     double box[4];
@@ -474,7 +504,8 @@ static PyObject *py_resize_into(PyObject *self, PyObject *args) {
     Resizer r;
     memset(&r, 0, sizeof(r));
     if (parse_common(box_obj, scale_obj, shift_obj, box, scale, shift, dtype) ||
-        check_out(&out, out_h, out_w, dtype) || check_box(box, height, width))
+        check_filter(filter) || check_out(&out, out_h, out_w, dtype) ||
+        check_box(box, height, width))
         goto done;
     if (channels != 1 && channels != 3 && channels != 4) {
         PyErr_Format(PyExc_ValueError, "channels must be 1, 3 or 4, got %d", channels);
@@ -489,7 +520,7 @@ static PyObject *py_resize_into(PyObject *self, PyObject *args) {
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = resizer_init(&r, height, width, channels, box, out.buf, out_h, out_w, flip, dtype,
-                          scale, shift);
+                          scale, shift, filter);
     if (!failed) {
         int y0, y1;
         axis_span(&r.ay, &y0, &y1);
@@ -543,6 +574,7 @@ typedef struct {
     Resizer r;
     JSAMPLE *rows;
     int created;
+    int filter;
 } JpegJob;
 
 /* Returns 0, or 1 with job->err.message set, or -1 out of memory. Runs without the GIL. */
@@ -579,7 +611,7 @@ static int jpeg_job_run(JpegJob *job, const uint8_t *data, size_t size, int deno
     const int channels = grey ? 1 : 3;
     clamp_box(box, height, width);
     if (resizer_init(&job->r, height, width, channels, box, out, out_h, out_w, flip, dtype,
-                     scale, shift))
+                     scale, shift, job->filter))
         return -1;
     int x0, x1, y0, y1;
     axis_span(&job->r.ax, &x0, &x1);
@@ -624,11 +656,11 @@ static int jpeg_job_run(JpegJob *job, const uint8_t *data, size_t size, int deno
 
 static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
     Py_buffer data, out;
-    int denom, height, width, out_h, out_w, flip, dtype;
+    int denom, height, width, out_h, out_w, flip, dtype, filter = FILTER_BILINEAR;
     PyObject *box_obj, *scale_obj, *shift_obj;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO", &data, &denom, &height, &width, &box_obj,
-                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj))
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|i", &data, &denom, &height, &width, &box_obj,
+                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj, &filter))
         return NULL;
     PyObject *result = NULL;
     double box[4];
@@ -639,8 +671,10 @@ static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
         goto done;
     }
     if (parse_common(box_obj, scale_obj, shift_obj, box, scale, shift, dtype) ||
-        check_out(&out, out_h, out_w, dtype) || check_box(box, height, width))
+        check_filter(filter) || check_out(&out, out_h, out_w, dtype) ||
+        check_box(box, height, width))
         goto done;
+    job->filter = filter;
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
         PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", denom);
         goto done;

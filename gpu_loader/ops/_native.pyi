@@ -19,6 +19,7 @@ def resize_into(
     dtype: int,
     scale: tuple[float, float, float],
     shift: tuple[float, float, float],
+    filter: int = 0,
     /,
 ) -> None: ...
 def decode_resize_jpeg(
@@ -34,6 +35,7 @@ def decode_resize_jpeg(
     dtype: int,
     scale: tuple[float, float, float],
     shift: tuple[float, float, float],
+    filter: int = 0,
     /,
 ) -> None: ...
 def train_params(

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import DecodedImage
-from gpu_loader.ops._transforms import OUTPUT_DTYPES, CropParams, OutputDtype
+from gpu_loader.ops._transforms import OUTPUT_DTYPES, CropParams, Interpolation, OutputDtype
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,10 +41,12 @@ def transform_into(
     mean: Sequence[float],
     std: Sequence[float],
     dtype: OutputDtype,
+    interpolation: Interpolation = "bilinear",
 ) -> None:
     """Resize ``params``' box of ``image`` to ``out.shape[1:]`` and write it normalised into ``out``.
 
     ``params`` is in ``image``'s own pixel coordinates (scale it first for a reduced decode).
+    ``interpolation``: the filter ("bilinear" or "bicubic", antialiased as Pillow's).
     ``out`` is ``[3, H, W]``: float32 / float16 for those dtypes, uint8 for "uint8" (no
     normalisation), int16 or uint16 receiving bfloat16 bit patterns for "bfloat16".
     """
@@ -55,10 +57,14 @@ def transform_into(
         height, width, channels = src.shape
         clamp_box(params, height, width)  # the same error as the Pillow path for a bad box
         native.resize_into(
-            src, height, width, channels, *native_target(params, out, dtype, mean, std)
+            src,
+            height,
+            width,
+            channels,
+            *native_target(params, out, dtype, mean, std, interpolation),
         )
         return
-    resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])))
+    resized = resize_box(image, params, (int(out.shape[1]), int(out.shape[2])), interpolation)
     if out.flags.c_contiguous:
         _normalize_planes(resized, params.flip, out, mean, std, dtype)
         return
@@ -90,14 +96,20 @@ def _native_source(image: DecodedImage | np.ndarray) -> np.ndarray:
 
 
 def native_target(
-    params: CropParams, out: np.ndarray, dtype: str, mean: Sequence[float], std: Sequence[float]
+    params: CropParams,
+    out: np.ndarray,
+    dtype: str,
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str = "bilinear",
 ) -> tuple[Any, ...]:
     """The arguments both native calls end with: box, out, its size, flip, dtype code,
-    and the (scale, shift) of the normalisation."""
+    the (scale, shift) of the normalisation, and the filter code."""
     scale, shift = native_affine(mean, std)
     box = (params.top, params.left, params.height, params.width)
     size = (int(out.shape[1]), int(out.shape[2]))
-    return (box, out, *size, params.flip, NATIVE_DTYPE_CODES[dtype], scale, shift)
+    filter_code = NATIVE_FILTER_CODES[interpolation]
+    return (box, out, *size, params.flip, NATIVE_DTYPE_CODES[dtype], scale, shift, filter_code)
 
 
 def native_affine(
@@ -120,6 +132,8 @@ def _native_affine(
 
 # The native module's output dtype codes (OUT_F32 ... OUT_U8 in _native.c).
 NATIVE_DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2, "uint8": 3}
+# Its filter codes (FILTER_BILINEAR, FILTER_BICUBIC).
+NATIVE_FILTER_CODES: dict[str, int] = {"bilinear": 0, "bicubic": 1}
 
 
 def _normalize_planes(
@@ -265,7 +279,10 @@ def clamp_box(params: CropParams, height: int, width: int) -> tuple[float, float
 
 
 def resize_box(
-    image: DecodedImage | np.ndarray, params: CropParams, size: tuple[int, int]
+    image: DecodedImage | np.ndarray,
+    params: CropParams,
+    size: tuple[int, int],
+    interpolation: str = "bilinear",
 ) -> np.ndarray:
     """The box of ``params`` resized to ``size`` = (H, W), unflipped: HWC uint8, 3 or 4 channels."""
     from PIL import Image
@@ -282,5 +299,6 @@ def resize_box(
         height, width = array.shape[:2]
         pil = Image.fromarray(np.ascontiguousarray(array))
     box = clamp_box(params, height, width)
-    resized = pil.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=box)
+    resample = Image.Resampling.BICUBIC if interpolation == "bicubic" else Image.Resampling.BILINEAR
+    resized = pil.resize((size[1], size[0]), resample, box=box)
     return np.asarray(resized)

@@ -23,6 +23,8 @@ from gpu_loader.ops._backend import native_module
 
 OutputDtype = Literal["float32", "float16", "bfloat16", "uint8"]
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "uint8")
+Interpolation = Literal["bilinear", "bicubic"]
+INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic")
 
 # ImageNet statistics on the [0, 1] scale, RGB order (torchvision's defaults).
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -138,6 +140,14 @@ def _check_flag(name: str, value: object) -> None:
         raise TypeError(f"`{name}` must be a bool, got {value!r}")
 
 
+def _check_interpolation(value: object) -> None:
+    if value not in INTERPOLATIONS:
+        raise ValueError(
+            f"`interpolation` must be one of {INTERPOLATIONS} (Pillow's antialiased "
+            f"BILINEAR or BICUBIC, as torchvision's InterpolationMode), got {value!r}"
+        )
+
+
 @dataclass(frozen=True)
 class TrainTransform:
     """RandomResizedCrop + RandomHorizontalFlip + Normalize (torchvision semantics)."""
@@ -158,12 +168,19 @@ class TrainTransform:
     """Turn each image upright by its EXIF orientation before cropping, as Pillow's
     ``exif_transpose`` does. False: use the pixels as stored, as torchvision's default
     image loader does (to match a model trained or evaluated that way). CPU decode only:
-    the GPU decode path refuses False."""
+    ``decode_on="gpu"`` refuses False (``"auto"`` then picks the CPU path)."""
+    interpolation: Interpolation = "bilinear"
+    """The resize filter, antialiased when shrinking as Pillow's is (torchvision's
+    ``InterpolationMode.BILINEAR`` / ``BICUBIC``, e.g. timm's ``interpolation="bicubic"``).
+    "bicubic" (Pillow's a = -0.5 kernel, support 2) can overshoot; its result is clamped to
+    the 0-255 range before the normalisation. CPU decode only: ``decode_on="gpu"``
+    refuses it (``"auto"`` then picks the CPU path)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size_pair(self.size))
         _check_flag("reduced_decode", self.reduced_decode)
         _check_flag("exif_orientation", self.exif_orientation)
+        _check_interpolation(self.interpolation)
         s0, s1 = (float(v) for v in self.scale)
         if not 0 < s0 <= s1:
             raise ValueError(f"`scale` must be (lo, hi) with 0 < lo <= hi, got {self.scale!r}")
@@ -251,10 +268,13 @@ class EvalTransform:
     """As `TrainTransform.reduced_decode`."""
     exif_orientation: bool = True
     """As `TrainTransform.exif_orientation`."""
+    interpolation: Interpolation = "bilinear"
+    """As `TrainTransform.interpolation`."""
 
     def __post_init__(self) -> None:
         _check_flag("reduced_decode", self.reduced_decode)
         _check_flag("exif_orientation", self.exif_orientation)
+        _check_interpolation(self.interpolation)
         oh, ow = _size_pair(self.size)
         object.__setattr__(self, "size", (oh, ow))
         resize = self.resize

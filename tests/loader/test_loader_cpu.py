@@ -1352,3 +1352,23 @@ def test_closing_ends_a_run_of_slow_reads_after_the_current_one(unique_list: Fil
     loader.close()
     # Each I/O thread finishes the read it is in and starts no other of its run.
     assert sum(t > closing for t in started) <= 2
+
+
+def test_bicubic_interpolation_reaches_every_sample(unique_list: FileList) -> None:
+    from gpu_loader.ops import load_into
+
+    sharp = EvalTransform(SIZE, interpolation="bicubic")
+    plain = {
+        int(y): x.clone()
+        for xs, ys in make(unique_list, shuffle=False)
+        for x, y in zip(xs, ys, strict=True)
+    }
+    differ = 0
+    for images, labels in make(unique_list, transform=sharp, shuffle=False):
+        for image, label in zip(images, labels.tolist(), strict=True):
+            out = np.empty((3, SIZE, SIZE), np.float32)
+            data = Path(unique_list.key(label)).read_bytes()
+            load_into(data, sharp, np.random.default_rng(0), out, dtype="float32")
+            np.testing.assert_array_equal(image.numpy(), out)
+            differ += not torch.equal(image, plain[label])
+    assert differ > len(unique_list) // 2

@@ -137,6 +137,20 @@ def test_exif_orientation_false_is_refused_on_the_gpu_path_when_built(
         make(unique_list, transform=EvalTransform(SIZE, exif_orientation=False))
 
 
+def test_bicubic_is_refused_on_the_gpu_path_and_auto_picks_the_cpu_path(
+    unique_list: FileList,
+) -> None:
+    bicubic = TrainTransform(SIZE, interpolation="bicubic")
+    with pytest.raises(ValueError, match="interpolation='bicubic' is supported by the CPU"):
+        make(unique_list, transform=bicubic)
+    # decode_on="auto" on a CUDA device: the GPU path for bilinear, the CPU one for bicubic.
+    plain = gl.ImageLoader(unique_list, batch_size=4, transform=TrainTransform(SIZE))
+    sharp = gl.ImageLoader(unique_list, batch_size=4, transform=bicubic)
+    for loader in (plain, sharp):
+        loader.device = torch.device("cuda")
+    assert plain._gpu_decode_chosen() and not sharp._gpu_decode_chosen()
+
+
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
     with pytest.raises(ValueError, match="decode_on='gpu'"):
         iter(
@@ -338,3 +352,11 @@ def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
     assert len(got) == len(expected)
     for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
         assert torch.equal(ye, yg) and torch.allclose(xe, xg, atol=0.05)
+
+
+def test_auto_keeps_exif_orientation_false_on_the_cpu_path(unique_list: FileList) -> None:
+    stored = gl.ImageLoader(
+        unique_list, batch_size=4, transform=EvalTransform(SIZE, exif_orientation=False)
+    )
+    stored.device = torch.device("cuda")  # as on a machine with one
+    assert not stored._gpu_decode_chosen()

@@ -50,13 +50,14 @@ def main(so_path: str, cases_path: str) -> None:
                 for code, dtype in DTYPES:
                     a = np.empty((3, *size), dtype)
                     b = np.empty_like(a)
+                    kernel = int(rng.integers(2))  # bilinear or bicubic (twice the taps)
                     native.decode_resize_jpeg(
-                        data, denom, sh, sw, box, a, *size, flip, code, SCALE, SHIFT
+                        data, denom, sh, sw, box, a, *size, flip, code, SCALE, SHIFT, kernel
                     )
                     native.resize_into(
-                        full, sh, sw, full.shape[2], box, b, *size, flip, code, SCALE, SHIFT
+                        full, sh, sw, full.shape[2], box, b, *size, flip, code, SCALE, SHIFT, kernel
                     )
-                    assert np.array_equal(a, b), (h, w, denom, box, size, code)
+                    assert np.array_equal(a, b), (h, w, denom, box, size, code, kernel)
                     exact += 1
         for k in range(120):  # damaged copies: truncated, or bytes overwritten anywhere
             damaged = bytearray(data)

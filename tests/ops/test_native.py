@@ -61,6 +61,7 @@ def native_roi(
     out_hw: tuple[int, int],
     flip: bool,
     dtype: str,
+    filter_code: int = 0,
 ) -> np.ndarray:
     out = np.empty((3, *out_hw), OUT_DTYPE[dtype])
     _native.decode_resize_jpeg(
@@ -74,12 +75,18 @@ def native_roi(
         flip,
         NATIVE_DTYPE_CODES[dtype],
         *native_affine((0.4,) * 3, (0.2,) * 3),
+        filter_code,
     )
     return out
 
 
 def native_full(
-    image: np.ndarray, box: tuple[float, ...], out_hw: tuple[int, int], flip: bool, dtype: str
+    image: np.ndarray,
+    box: tuple[float, ...],
+    out_hw: tuple[int, int],
+    flip: bool,
+    dtype: str,
+    filter_code: int = 0,
 ) -> np.ndarray:
     out = np.empty((3, *out_hw), OUT_DTYPE[dtype])
     h, w, c = image.shape
@@ -94,6 +101,7 @@ def native_full(
         flip,
         NATIVE_DTYPE_CODES[dtype],
         *native_affine((0.4,) * 3, (0.2,) * 3),
+        filter_code,
     )
     return out
 
@@ -128,9 +136,10 @@ def test_region_decode_equals_full_decode_bit_for_bit(sub: str, gray: bool, deno
     for i, box in enumerate(boxes):
         out_hw = [(64, 48), (224, 224), (17, 301)][i % 3]  # shrink, both, stretch
         for dtype, flip in (("float32", i % 2 == 1), ("uint8", i % 2 == 0)):
-            got = native_roi(data, denom, (sh, sw), box, out_hw, flip, dtype)
-            want = native_full(full, box, out_hw, flip, dtype)
-            assert np.array_equal(got, want), (sub, denom, box, out_hw, dtype)
+            code = i % 2 if dtype == "float32" else 1 - i % 2  # bilinear and bicubic
+            got = native_roi(data, denom, (sh, sw), box, out_hw, flip, dtype, code)
+            want = native_full(full, box, out_hw, flip, dtype, code)
+            assert np.array_equal(got, want), (sub, denom, box, out_hw, dtype, code)
 
 
 @pytest.mark.parametrize("channels", [1, 3, 4])
@@ -243,6 +252,12 @@ def test_arguments_are_checked() -> None:
         _native.resize_into(*args, (0.0, 0.0, 0.0, 5.0), out, 8, 8, False, 0, *NO_NORM)
     with pytest.raises(TypeError):
         _native.resize_into(*args, (0.0, 0.0, 4.0, 4.0), out[:, :, ::2], 8, 4, False, 0, *NO_NORM)
+    with pytest.raises(ValueError, match=r"filter must be 0 \(bilinear\) or 1 \(bicubic\), got 2"):
+        _native.resize_into(*args, (0.0, 0.0, 4.0, 4.0), out, 8, 8, False, 0, *NO_NORM, 2)
+    with pytest.raises(ValueError, match="filter must be 0"):
+        _native.decode_resize_jpeg(
+            jpeg(image), 1, 40, 50, (0.0, 0.0, 9.0, 9.0), out, 8, 8, False, 0, *NO_NORM, -1
+        )
     with pytest.raises(_native.JpegError, match="expected 9x9"):
         _native.decode_resize_jpeg(
             jpeg(image), 1, 9, 9, (0.0, 0.0, 9.0, 9.0), out, 8, 8, False, 0, *NO_NORM

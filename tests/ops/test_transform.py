@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageOps
 
 import gpu_loader.ops._load as load_module
@@ -20,7 +22,7 @@ from gpu_loader.ops import (
     probe_size,
     transform_into,
 )
-from gpu_loader.ops._resample import resize_reference
+from gpu_loader.ops._resample import resize_reference, weight_matrix
 from tests.ops.conftest import Photo
 
 TRANSFORMS = [
@@ -37,14 +39,15 @@ TRANSFORMS = [
 def pillow_reference(
     data: bytes, transform: TrainTransform | EvalTransform, rng: np.random.Generator
 ) -> np.ndarray:
-    """Full decode, crop box + BILINEAR resize, flip, normalise: float64 [3, H, W]."""
+    """Full decode, crop box + BILINEAR (or BICUBIC) resize, flip, normalise: float64 [3, H, W]."""
     with Image.open(io.BytesIO(data)) as opened:
         upright = ImageOps.exif_transpose(opened) if transform.exif_orientation else opened
         im = upright.convert("RGB")
     p = transform.make_params(im.height, im.width, rng)
     box = (p.left, p.top, min(p.right, im.width), min(p.bottom, im.height))
     out_h, out_w = transform.output_size
-    res = im.resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
+    resample = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+    res = im.resize((out_w, out_h), resample[transform.interpolation], box=box)
     if p.flip:
         res = res.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     x = np.asarray(res, np.float64) / 255.0
@@ -433,3 +436,82 @@ def test_load_into_names_a_wrong_out_before_decoding(photos: list[Photo]) -> Non
             np.empty((16, 16), np.float32),
             dtype="float32",
         )
+
+
+BICUBIC = [
+    EvalTransform(224, interpolation="bicubic"),
+    EvalTransform(64, interpolation="bicubic"),
+    TrainTransform(96, interpolation="bicubic"),
+    TrainTransform(48, interpolation="bicubic", reduced_decode=False),
+]
+
+
+@pytest.mark.parametrize("transform", BICUBIC, ids=repr)
+def test_bicubic_against_pillows_bicubic_for_every_image(
+    photos: list[Photo], transform: TrainTransform | EvalTransform
+) -> None:
+    # timm's and many ViT recipes' interpolation="bicubic": Pillow's BICUBIC, antialiased.
+    out = np.full((3, *transform.output_size), np.nan, np.float32)
+    bilinear = np.empty_like(out)
+    as_bilinear = dataclasses.replace(transform, interpolation="bilinear")
+    differs = 0
+    for photo in photos:
+        for seed in range(2):
+            load_into(photo.data, transform, np.random.default_rng(seed), out, dtype="float32")
+            ref = pillow_reference(photo.data, transform, np.random.default_rng(seed))
+            value = psnr01(out, ref, transform)
+            assert value >= 35.0, (photo.name, seed, value)
+            rng = np.random.default_rng(seed)
+            load_into(photo.data, as_bilinear, rng, bilinear, dtype="float32")
+            differs += not np.array_equal(out, bilinear)
+    assert differs == 2 * len(photos)  # the filter is really in use
+
+
+def blocky(seed: int, height: int, width: int) -> np.ndarray:
+    """Hard-edged colour blocks: where bicubic's negative lobes overshoot 0-255 most."""
+    rng = np.random.default_rng(seed)
+    cells = rng.choice(np.array([0, 255], np.uint8), (height // 6 + 1, width // 6 + 1, 3))
+    return np.ascontiguousarray(np.repeat(np.repeat(cells, 6, 0), 6, 1)[:height, :width])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bicubic_where_it_overshoots_agrees_with_its_references(seed: int) -> None:
+    # Hard 0/255 edges, where bicubic's negative lobes overshoot 0-255 most. The native
+    # path runs both passes in float and clamps once: torch's antialiased bicubic (the
+    # torchvision tensor path) and the float64 spec, within rounding. Pillow clamps to
+    # 8 bits between its passes as well; the Pillow backend is Pillow itself.
+    from gpu_loader.ops import cpu_backend
+
+    rng = np.random.default_rng(seed)
+    height, width = int(rng.integers(20, 150)), int(rng.integers(20, 190))
+    image = blocky(seed, height, width)
+    size = (int(rng.integers(16, 120)), int(rng.integers(16, 120)))
+    whole = CropParams(top=0, left=0, height=height, width=width)
+    out = np.empty((3, *size), np.uint8)
+    transform_into(
+        image, whole, out, mean=(0, 0, 0), std=(1, 1, 1), dtype="uint8", interpolation="bicubic"
+    )
+    raw = np.einsum(
+        "ih,hwc->iwc",
+        weight_matrix(height, 0, height, size[0], "bicubic"),
+        image.astype(np.float64),
+    )
+    assert raw.min() < -1 or raw.max() > 256  # it does overshoot here
+    pil = Image.fromarray(image).resize((size[1], size[0]), Image.Resampling.BICUBIC)
+    if cpu_backend() == "pillow":
+        np.testing.assert_array_equal(out, np.asarray(pil).transpose(2, 0, 1))
+        return
+    ref = resize_reference(image, whole, size, "bicubic").transpose(2, 0, 1)
+    assert np.abs(out - ref).max() <= 0.5 + 1e-3  # rounding to nearest
+    batch = torch.from_numpy(image).permute(2, 0, 1)[None].double()
+    aa = torch.nn.functional.interpolate(batch, size=size, mode="bicubic", antialias=True)
+    assert np.abs(out - aa[0].clamp(0, 255).numpy()).max() <= 0.5 + 1e-3
+    # Pillow's clamp between the passes shows at these edges (up to ~18 levels).
+    assert np.abs(out.astype(int) - np.asarray(pil).transpose(2, 0, 1)).max() <= 24
+
+
+def test_an_unknown_interpolation_is_refused() -> None:
+    with pytest.raises(ValueError, match="`interpolation` must be one of"):
+        TrainTransform(224, interpolation="nearest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`interpolation` must be one of"):
+        EvalTransform(224, interpolation="BICUBIC")  # type: ignore[arg-type]
