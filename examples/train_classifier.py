@@ -2,6 +2,7 @@
 
     python examples/train_classifier.py                  # generated dataset, CPU or GPU
     python examples/train_classifier.py --data /path/to/imagefolder --epochs 5
+    python examples/train_classifier.py --augment     # + a per-sample augmentation
 
 Prints loss, accuracy, throughput and the data-stall fraction per epoch. Without --data it
 trains on a generated folder (each class has its own colour cast, so there is something to
@@ -56,7 +57,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batching", choices=("ordered", "straggler"), default="ordered")
+    parser.add_argument(
+        "--augment",
+        action="store_true",
+        help="random brightness and contrast per sample (ImageLoader(augment=...))",
+    )
     return parser.parse_args(argv)
+
+
+def brightness_contrast(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A per-sample augmentation for `ImageLoader(augment=...)`: ``image`` is the crop as
+    a [3, H, W] uint8 tensor; the draws come from the sample's own generator, so the run
+    is reproducible whatever the loader's threads do. Returns 0-1 floats; the loader
+    normalises them. (torchvision's ColorJitter would do here too, drawing from torch's
+    global generator instead.)"""
+    brightness, contrast = (0.75 + 0.5 * torch.rand(2, generator=generator)).tolist()
+    x = image.float().div_(255)
+    mean = x.mean()
+    return ((x - mean) * contrast + mean * brightness).clamp_(0, 1)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -84,12 +102,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             device=args.device,
             seed=args.seed,
             batching=args.batching,
+            augment=brightness_contrast if args.augment else None,
         )
     except (OSError, ValueError, RuntimeError) as exc:  # a bad --data or --device: one line
         raise SystemExit(f"train_classifier.py: error: {exc}") from None
     print(
         f"data: {args.data} ({len(source)} images, {len(source.classes)} classes); "
-        f"device: {loader.device}; batching: {args.batching}",
+        f"device: {loader.device}; batching: {args.batching}"
+        + ("; augment: brightness, contrast" if args.augment else ""),
         flush=True,
     )
     model = SmallNet(len(source.classes)).to(loader.device)

@@ -13,7 +13,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_classifie
 
 
 @pytest.mark.slow
-def test_short_training_run_reduces_the_loss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["--augment", "--batching", "straggler"]])
+def test_short_training_run_reduces_the_loss(tmp_path: Path, extra: list[str]) -> None:
     data = make_image_folder(
         tmp_path / "data", num_images=192, num_classes=3, seed=5, min_side=64, max_side=128
     )
@@ -35,6 +36,7 @@ def test_short_training_run_reduces_the_loss(tmp_path: Path) -> None:
             "cpu",
             "--lr",
             "0.02",
+            *extra,
         ]
     )
     assert len(history) == 4
