@@ -97,31 +97,16 @@ def test_draws_from_the_generator_do_not_depend_on_threads_mode_or_crops(
     unique_list: FileList,
 ) -> None:
     train = TrainTransform(SIZE)
-    one = by_label(
-        make(
-            unique_list,
-            transform=train,
-            augment=brighten,
-            seed=5,
-            shuffle=True,
-            options=gl.LoaderOptions(decode_threads=1, samples_per_task=1),
-        )
-    )
-    many = by_label(
-        make(
-            unique_list,
-            transform=train,
-            augment=brighten,
-            seed=5,
-            shuffle=True,
-            batching="straggler",
-            options=gl.LoaderOptions(decode_threads=4),
-        )
-    )
+
+    def run(**kw: Any) -> dict[int, torch.Tensor]:
+        return by_label(make(unique_list, transform=train, seed=5, shuffle=True, **kw))
+
+    one = run(augment=brighten, options=gl.LoaderOptions(decode_threads=1, samples_per_task=1))
+    many = run(augment=brighten, batching="straggler", options=gl.LoaderOptions(decode_threads=4))
     assert one.keys() == many.keys() == set(range(len(unique_list)))
     assert all(torch.equal(one[k], many[k]) for k in one)
     # The crops are the ones the loader draws without a function: only the gain differs.
-    crops = by_label(make(unique_list, transform=train, augment=identity, seed=5, shuffle=True))
+    crops = run(augment=identity)
     gains = []
     for k in one:
         base = crops[k] * STD[0] + MEAN[0]  # back to 0-1 pixels
