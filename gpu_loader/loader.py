@@ -239,13 +239,15 @@ class ImageLoader:
     class's count), from ``(seed, epoch)``, so ranks split one draw and a resume sees the
     same; a sample may then come more than once per epoch, and one of weight 0 never.
 
-    ``sampler`` (optional) is what ``DataLoader(sampler=...)`` takes: an iterable of
+    ``sampler`` (optional) is what ``DataLoader(sampler=...)`` takes: a re-iterable of
     dataset indices, with ``set_epoch(epoch)`` if its order depends on the epoch (called
-    before each epoch's order is taken). The loader runs that order instead of shuffling
-    (``shuffle`` then defaults to False; True is refused), and the sampler shards for
-    itself (``rank``, ``world_size`` and ``sample_weights`` are refused beside it). Every
-    epoch must give as many indices as the first. A resume needs the same order for the
-    saved epoch (a seeded sampler): the state keeps its digest and refuses another.
+    before each epoch's order is taken; ``train_sampler.set_epoch(e)`` on it is taken as
+    the loader's epoch). The loader runs that order instead of shuffling (``shuffle`` then
+    defaults to False; True is refused), and the sampler shards for itself (``rank``,
+    ``world_size`` and ``sample_weights`` are refused beside it). Every epoch must give as
+    many indices as the first, and a finite number. A resume needs the same order for the
+    saved epoch (one that follows ``set_epoch``, as ``DistributedSampler``'s): the state
+    keeps its digest and refuses another.
 
     ``augment(image, generator) -> image`` (optional) runs on each sample after the crop,
     resize and flip, before the normalisation: ``image`` is the sample's ``[3, H, W]``

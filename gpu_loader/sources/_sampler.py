@@ -12,9 +12,10 @@ split over the ranks the same way.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import operator
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -338,15 +339,22 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 class IterableSampler(Sampler):
     """This rank's indices from a sampler of the user's (`ImageLoader(sampler=...)`).
 
-    ``sampler`` is what ``DataLoader(sampler=...)`` takes: an iterable of dataset indices
-    (ints, numpy or 0-d torch integers), with ``set_epoch(epoch)`` if its order depends on
-    the epoch (``DistributedSampler``'s habit; it is called before each epoch's pass). It
-    shards for itself: the loader takes what it gives. Its order is taken in whole at the
-    epoch's start (and cached), so the same number of indices every epoch is required
-    (``len(loader)`` is fixed). For exact resume, its order for an epoch must not change
-    between runs (seeded): the state keeps a digest of the epoch's order, and a resume
-    whose sampler gives another is refused instead of delivering the wrong samples.
+    ``sampler`` is what ``DataLoader(sampler=...)`` takes: a re-iterable of dataset indices
+    (ints, numpy or 0-d torch integers; a one-shot iterator is refused), with
+    ``set_epoch(epoch)`` if its order depends on the epoch (``DistributedSampler``'s habit;
+    it is called before each epoch's order is taken, and an ``epoch`` the user set on it
+    since is taken as the loader's epoch). It shards for itself: the loader takes what it
+    gives; its ``rank`` and ``num_replicas``, where it has them, key the random streams
+    (else the detected ones). Its order is taken in whole when the epoch first needs it
+    (and cached), so an epoch must be finite (at most ``len(sampler)`` indices, or
+    ``MAX_UNSIZED_FACTOR`` x the source's size without a ``len``), and every epoch must
+    give as many indices (``len(loader)`` is fixed). For exact resume, its order for an
+    epoch must be the same in every run: the state keeps a digest of the epoch's order,
+    and a resume whose sampler gives another is refused instead of delivering the wrong
+    samples.
     """
+
+    MAX_UNSIZED_FACTOR = 1024
 
     def __init__(
         self, sampler: Any, num_samples: int, *, seed: int = 0, fingerprint: str = ""
@@ -356,15 +364,30 @@ class IterableSampler(Sampler):
                 "`sampler` must be an iterable of dataset indices (a torch Sampler, a list, "
                 f"...), got {type(sampler).__name__}"
             )
-        # Not sharded here; rank and world size (detected) only key the random streams.
+        if isinstance(sampler, Iterator):
+            raise TypeError(
+                f"`sampler` is a one-shot iterator ({type(sampler).__name__}), used up by "
+                "the first epoch: give something that can be iterated once per epoch (a "
+                "list of indices, a torch Sampler)"
+            )
+        # Not sharded here; rank and world size only key the random streams.
         super().__init__(num_samples, shuffle=False, seed=seed, fingerprint=fingerprint)
         self.sampler = sampler
         self._detected = False  # nothing to re-check: the sampler shards for itself
+        rank, replicas = getattr(sampler, "rank", None), getattr(sampler, "num_replicas", None)
+        if _is_int(rank) and _is_int(replicas) and 0 <= rank < replicas:
+            # DistributedSampler's own: ranks draw apart even where none was detected
+            # (rank given to the sampler alone, or the group started after the loader).
+            self._rank, self._world_size = int(rank), int(replicas)
         # Orders taken from the sampler, by epoch: the current one and at most one other
         # (a state being checked), each taken once, so a sampler that is not seeded still
         # gives one order per epoch here.
         self._orders: dict[int, np.ndarray] = {}
-        self._length = len(self._order_for(0))
+        theirs = self._their_epoch()
+        self._epoch = theirs if theirs is not None else 0
+        self._pushed: int | None = theirs  # the epoch last given to its set_epoch
+        self._first = self._epoch  # the epoch `len()` was taken from
+        self._length = len(self._order_for(self._epoch))
 
     def __repr__(self) -> str:
         return (
@@ -379,12 +402,26 @@ class IterableSampler(Sampler):
     def __len__(self) -> int:
         return self._length
 
+    def check_distributed(self) -> None:
+        """Before each pass: an epoch set on the user's sampler itself since the loader
+        last set it (``train_sampler.set_epoch(e)``, DataLoader's habit) becomes this
+        sampler's epoch, which the loader then takes as ``set_epoch(e)``."""
+        theirs = self._their_epoch()
+        if theirs is not None and theirs != self._pushed:
+            self._pushed = theirs
+            self.set_epoch(theirs)
+
+    def _their_epoch(self) -> int | None:
+        epoch = getattr(self.sampler, "epoch", None)
+        return int(epoch) if _is_int(epoch) and epoch >= 0 else None
+
     def indices(self) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
         order = self._order_for(self._epoch)
         if len(order) != self._length:
             raise ValueError(
                 f"`sampler` gave {len(order)} indices for epoch {self._epoch} but "
-                f"{self._length} for epoch 0: a loader's length is the same every epoch"
+                f"{self._length} for epoch {self._first}: a loader's length is the same "
+                "every epoch"
             )
         return order
 
@@ -396,12 +433,33 @@ class IterableSampler(Sampler):
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
+            self._pushed = epoch
         try:
-            order = np.fromiter((operator.index(i) for i in self.sampler), np.int64)
+            sized = len(self.sampler)
+        except TypeError:  # no len(): only an epoch longer than any sampler's is refused
+            sized = None
+        limit = sized if sized is not None else self.MAX_UNSIZED_FACTOR * self.num_samples
+        try:
+            taken = itertools.islice(iter(self.sampler), limit + 1)
+            order = np.fromiter((_index(i) for i in taken), np.int64)
         except TypeError as exc:
             raise TypeError(
                 f"`sampler` must yield integer dataset indices; epoch {epoch}: {exc}"
             ) from exc
+        if len(order) > limit:
+            what = (
+                f"its len() of {sized}"
+                if sized is not None
+                else (
+                    f"{limit} ({self.MAX_UNSIZED_FACTOR} x the source's {self.num_samples} "
+                    "samples; it has no len())"
+                )
+            )
+            raise ValueError(
+                f"`sampler` gave more indices for epoch {epoch} than {what}: an endless "
+                "sampler (training by iterations) has no epochs; give one whose pass over "
+                "the data ends, with set_epoch for a new order each epoch"
+            )
         if len(order) == 0:
             raise ValueError(f"`sampler` gave no indices for epoch {epoch}")
         bad = order[(order < 0) | (order >= self.num_samples)]
@@ -431,10 +489,26 @@ class IterableSampler(Sampler):
                 f"refusing sampler state: this `sampler` gives another order for epoch "
                 f"{state['epoch']} than the one saved (digest {ours} against "
                 f"{state['order']}), so the resume would repeat some samples and skip "
-                "others. Seed the sampler (its order must be a function of the epoch, "
-                "through set_epoch) or start the epoch afresh"
+                "others. Resuming needs a sampler whose order is a function of the epoch "
+                "it is given through set_epoch (DistributedSampler(..., seed=...)); one "
+                "that draws afresh on each pass (RandomSampler, WeightedRandomSampler, "
+                "even with a seeded generator) gives its first order in a new process. "
+                "Or start the epoch afresh"
             )
 
 
 def _digest(order: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(order, np.int64).tobytes()).hexdigest()[:16]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    """An int or numpy integer, not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _index(value: Any) -> int:
+    """A dataset index from a sampler's item: an int, a numpy integer or a 0-d integer
+    tensor (``operator.index``), not a bool (``True`` would be index 1)."""
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"a bool ({value!r}) is not an index")
+    return operator.index(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from typing import Any
@@ -69,26 +70,109 @@ def test_a_distributed_sampler_gives_each_rank_its_share_each_epoch(
     assert epochs[0] != epochs[1]
 
 
-@pytest.mark.parametrize("batching", ["ordered", "straggler"])
-def test_resume_mid_epoch_delivers_what_the_epoch_had_left(
-    unique_list: FileList, batching: str
-) -> None:
-    def sampler() -> RandomSampler:
-        generator = torch.Generator().manual_seed(3)  # seeded: the same order each run
-        return RandomSampler(unique_list, replacement=True, num_samples=40, generator=generator)
+class EpochDraws:
+    """Draws with replacement whose order is a function of the epoch (set_epoch)."""
 
-    full = labels(make(unique_list, sampler=sampler(), batching=batching))
-    loader = make(unique_list, sampler=sampler(), batching=batching)
+    def __init__(self, n: int, count: int) -> None:
+        self.n, self.count, self.epoch = n, count, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(1000 + self.epoch)
+        return iter(torch.randint(self.n, (self.count,), generator=generator).tolist())
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_resume_mid_epoch_delivers_what_the_epoch_had_left(
+    unique_list: FileList, batching: str, epoch: int
+) -> None:
+    def make_one() -> gl.ImageLoader:
+        loader = make(unique_list, sampler=EpochDraws(len(unique_list), 40), batching=batching)
+        loader.set_epoch(epoch)
+        return loader
+
+    full = labels(make_one())
+    loader = make_one()
     it = iter(loader)
     before = [int(v) for _ in range(3) for v in next(it)[1]]
     state = json.loads(json.dumps(loader.state_dict()))
     loader.close()
-    resumed = make(unique_list, sampler=sampler(), batching=batching)
+    resumed = make(unique_list, sampler=EpochDraws(len(unique_list), 40), batching=batching)
     resumed.load_state_dict(state)
     rest = labels(resumed)
     assert Counter(before + rest) == Counter(full) and len(full) == 40
     if batching == "ordered":
         assert before + rest == full
+
+
+def test_a_sampler_that_draws_afresh_each_pass_resumes_its_first_epoch_only(
+    unique_list: FileList,
+) -> None:
+    # RandomSampler draws from its generator on every pass: seeded, its order for epoch e
+    # is its e-th draw, which a new process does not repeat. Refused, not wrong.
+    def make_one() -> gl.ImageLoader:
+        generator = torch.Generator().manual_seed(3)
+        return make(unique_list, sampler=RandomSampler(unique_list, generator=generator))
+
+    for epoch, works in ((0, True), (2, False)):
+        loader = make_one()
+        for _ in range(epoch):
+            labels(loader)
+        it = iter(loader)
+        next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.close()
+        if works:
+            make_one().load_state_dict(state)
+            continue
+        with pytest.raises(ValueError, match="draws afresh on each pass"):
+            make_one().load_state_dict(state)
+
+
+def test_set_epoch_on_the_samplers_own_object_is_taken(unique_list: FileList) -> None:
+    # DataLoader's habit: train_sampler.set_epoch(epoch), then iterate the loader.
+    def sampler() -> DistributedSampler[int]:
+        return DistributedSampler(unique_list, num_replicas=2, rank=1, seed=9)
+
+    def expected(epoch: int) -> list[int]:
+        reference = sampler()
+        reference.set_epoch(epoch)
+        return list(reference)
+
+    ours = sampler()
+    ours.set_epoch(5)  # a run restarted at epoch 5, before the loader is built
+    loader = make(unique_list, sampler=ours)
+    assert loader.epoch == 5 and ours.epoch == 5
+    for epoch in (5, 6, 9):
+        ours.set_epoch(epoch)
+        assert labels(loader) == expected(epoch) and loader.epoch == epoch
+    assert labels(loader) == expected(10)  # without a call the next pass moves on
+    loader.set_epoch(2)  # and the loader's own set_epoch still reaches it
+    assert labels(loader) == expected(2) and ours.epoch == 2
+
+
+def test_a_samplers_rank_keys_the_random_streams(unique_list: FileList) -> None:
+    # Ranks that were not detected (rank given to the sampler alone) drew the same crops.
+    class SameOnEveryRank:
+        def __init__(self, rank: int) -> None:
+            self.rank, self.num_replicas = rank, 2
+
+        def __iter__(self) -> Any:
+            return iter(range(8))
+
+    crops = []
+    for rank in (0, 1):
+        loader = make(unique_list, sampler=SameOnEveryRank(rank))
+        assert (loader.sampler.rank, loader.sampler.world_size) == (rank, 2)
+        crops.append(torch.cat([x for x, _ in loader]))
+    differ = sum(not torch.equal(a, b) for a, b in zip(crops[0], crops[1], strict=True))
+    assert differ >= 6
 
 
 def test_a_resume_with_another_order_is_refused(unique_list: FileList) -> None:
@@ -156,6 +240,10 @@ def test_arguments_the_sampler_replaces_are_refused(
         ([1, -1], ValueError, "gave index -1"),
         ([1.0, 2.0], TypeError, "must yield integer dataset indices"),
         ([], ValueError, "gave no indices for epoch 0"),
+        ([True, False], TypeError, "a bool \\(True\\) is not an index"),
+        (iter([1, 2]), TypeError, "one-shot iterator \\(list_iterator\\)"),
+        ((i for i in range(3)), TypeError, "one-shot iterator \\(generator\\)"),
+        (itertools.cycle(range(3)), TypeError, "one-shot iterator"),
         (5, TypeError, "`sampler` must be an iterable of dataset indices"),
         ("0123", TypeError, "`sampler` must be an iterable of dataset indices"),
     ],
@@ -165,6 +253,22 @@ def test_a_bad_sampler_is_refused_when_the_loader_is_built(
 ) -> None:
     with pytest.raises(error, match=message):
         make(unique_list, sampler=sampler)
+
+
+def test_an_endless_sampler_is_refused_without_reading_it_all(unique_list: FileList) -> None:
+    class Endless:  # training by iterations: no epochs
+        def __iter__(self) -> Any:
+            return itertools.cycle(range(10))
+
+    with pytest.raises(ValueError, match="than 49152 \\(1024 x the source's 48 samples"):
+        make(unique_list, sampler=Endless())
+
+    class LongerThanItsLen(Endless):
+        def __len__(self) -> int:
+            return 10
+
+    with pytest.raises(ValueError, match="more indices for epoch 0 than its len\\(\\) of 10"):
+        make(unique_list, sampler=LongerThanItsLen())
 
 
 def test_a_sampler_whose_length_changes_is_refused_at_that_epoch(unique_list: FileList) -> None:
