@@ -16,6 +16,7 @@ generator (which torchvision's transforms use) work too, but then depend on thre
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +39,38 @@ Augment = Callable[["torch.Tensor", "torch.Generator"], "torch.Tensor"]
 _AUGMENT_STREAM = 0x61756790
 
 
+AUGMENT_NOTE = "raised by the loader's `augment` function"
+
+
+def raised_by_augment(error: BaseException) -> bool:
+    """The function raised ``error`` (or `load_augmented` refused what it returned)."""
+    return AUGMENT_NOTE in getattr(error, "__notes__", ())
+
+
+_WRAP_HINT = "wrap a one-argument transform t: augment=lambda image, generator: t(image)"
+
+
 def check_augment(augment: object) -> Augment | None:
     """``augment`` as given, or a TypeError a user can act on."""
-    if augment is None or callable(augment):
+    if augment is None:
+        return None
+    if not callable(augment):
+        raise TypeError(
+            "`augment` must be a function (image, generator) -> image taking and returning "
+            f"a [3, H, W] uint8 torch tensor, or None; got {type(augment).__name__}"
+        )
+    try:
+        signature = inspect.signature(augment)
+    except (TypeError, ValueError):  # some builtins have none: found at the first sample
         return augment  # type: ignore[return-value]
-    raise TypeError(
-        "`augment` must be a function (image, generator) -> image taking and returning a "
-        f"[3, H, W] uint8 torch tensor, or None; got {type(augment).__name__}"
-    )
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise TypeError(
+            f"`augment` is called as augment(image, generator), which {augment!r} cannot "
+            f"take ({exc}); {_WRAP_HINT}"
+        ) from None
+    return augment  # type: ignore[return-value]
 
 
 def augment_seed(stream: SampleStream) -> int:
@@ -90,9 +115,13 @@ def load_augmented(
     try:
         result = augment(torch.from_numpy(pixels), generator)
     except Exception as exc:
-        add_note(exc, "raised by the loader's `augment` function")
+        add_note(exc, AUGMENT_NOTE)
         raise
-    image = _checked(result, out.shape)
+    try:
+        image = _checked(result, out.shape)
+    except (TypeError, ValueError) as exc:
+        add_note(exc, AUGMENT_NOTE)
+        raise
     normalize_into(image, out, mean=transform.mean, std=transform.std, dtype=dtype)
 
 
@@ -101,7 +130,11 @@ def _checked(result: Any, shape: tuple[int, ...]) -> np.ndarray:
     import torch
 
     if not isinstance(result, torch.Tensor):
-        hint = " (return the tensor it changed in place)" if result is None else ""
+        hint = ""
+        if result is None:
+            hint = " (return the tensor it changed in place)"
+        elif isinstance(result, tuple):  # a torchvision transform hands back every input
+            hint = f" (a torchvision transform given as it is gets both arguments: {_WRAP_HINT})"
         raise TypeError(
             f"`augment` must return a [3, H, W] torch tensor, got {type(result).__name__}{hint}"
         )
@@ -119,7 +152,16 @@ def _checked(result: Any, shape: tuple[int, ...]) -> np.ndarray:
         )
     if result.is_floating_point() and result.dtype != torch.float32:
         result = result.float()
-    return np.ascontiguousarray(result.detach().numpy())
+    pixels = np.ascontiguousarray(result.detach().numpy())
+    if pixels.dtype != np.uint8:
+        lo, hi = float(pixels.min()), float(pixels.max())
+        if not (lo >= -1.0 and hi <= 2.0):  # NaN fails too
+            raise ValueError(
+                f"`augment` returned float pixels from {lo:g} to {hi:g}: float images are on "
+                "the 0-1 scale (as torchvision's), so values past [-1, 2] (or NaN) mean "
+                "another scale; divide 0-255 values by 255, or return uint8"
+            )
+    return pixels
 
 
 def normalize_into(

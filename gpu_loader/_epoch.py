@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from gpu_loader._augment import load_augmented
+from gpu_loader._augment import load_augmented, raised_by_augment
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
@@ -1160,4 +1160,5 @@ Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
 
 
 def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
-    return FailedSample(key=record.key, stage=record.stage, error=str(record), epoch=epoch)
+    stage = "augment" if raised_by_augment(record.error) else record.stage
+    return FailedSample(key=record.key, stage=stage, error=str(record), epoch=epoch)

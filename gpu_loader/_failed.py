@@ -18,7 +18,9 @@ class FailedSample:
     """The sample's key (its path or URL)."""
     stage: str
     """The pipeline stage that failed: ``read`` or ``decode`` on the CPU path, ``fetch``
-    (read, header, non-JPEG decode) or ``gpu_decode`` on the GPU path; ``before resume``
+    (read, header, non-JPEG decode) or ``gpu_decode`` on the GPU path; ``augment`` where
+    the loader's ``augment`` function raised or returned something unusable (counted
+    with ``decode`` for ``max_failures``: it runs in that stage); ``before resume``
     for a sample a resumed epoch's state lists as failed, when this loader has no record
     of its error (the state keeps positions, not errors)."""
     error: str

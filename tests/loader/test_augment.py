@@ -165,7 +165,7 @@ def test_a_sample_the_function_fails_is_reported_with_its_key(unique_list: FileL
     failed = loader.failed_samples()
     keys = [unique_list.key(i) for i in range(len(unique_list)) if unique_list.label(i) in bad]
     assert sorted(f.key for f in failed) == sorted(keys)
-    assert {(f.stage, f.error) for f in failed} == {("decode", "ValueError: refused by picky")}
+    assert {(f.stage, f.error) for f in failed} == {("augment", "ValueError: refused by picky")}
 
     with pytest.raises(PipelineFailure) as caught:
         by_label(make(unique_list, augment=picky, on_error="raise"))
@@ -181,6 +181,9 @@ def test_a_sample_the_function_fails_is_reported_with_its_key(unique_list: FileL
         (lambda image: image.numpy(), "must return a \\[3, H, W\\] torch tensor, got ndarray"),
         (lambda image: image[:, :-1], "shape \\[3, 32, 32\\]"),
         (lambda image: image.to(torch.int32), "uint8 \\(0-255\\) or floating point"),
+        (lambda image: image.float(), "float pixels from 0 to 2\\d\\d: .* divide 0-255 values"),
+        (lambda image: image.float() * float("nan"), "from nan to nan"),
+        (lambda image: (image, None), "tuple \\(a torchvision transform .*lambda image"),
     ],
 )
 def test_a_wrong_result_fails_the_sample_saying_what_is_wrong(
@@ -190,11 +193,16 @@ def test_a_wrong_result_fails_the_sample_saying_what_is_wrong(
     with pytest.raises(PipelineFailure) as caught:
         by_label(loader)
     assert re.search(message, str(caught.value.exceptions[0]))
+    skipping = make(unique_list, augment=lambda image, gen: returned(image), max_failures=None)
+    assert by_label(skipping) == {}
+    assert {f.stage for f in skipping.failed_samples()} == {"augment"}
 
 
 def test_a_function_is_checked_when_the_loader_is_built(unique_list: FileList) -> None:
     with pytest.raises(TypeError, match="`augment` must be a function"):
         make(unique_list, augment="ColorJitter")
+    with pytest.raises(TypeError, match=r"cannot take .*augment=lambda image, generator: t"):
+        make(unique_list, augment=lambda image: image)  # a one-argument transform
 
 
 def test_the_gpu_path_refuses_it_and_auto_picks_the_cpu_path(unique_list: FileList) -> None:
