@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import queue
 import sys
@@ -720,10 +721,15 @@ class CpuEpoch(EpochBase):
                 self.straggler_threshold("decode sample") if runs else decode_lane.threshold
             )
         # A run's failed samples are recorded here with the engine's own rules, per stage
-        # and per sample: `run_calls` counts the samples each stage has finished.
+        # and per sample: `run_calls` counts the samples of each stage's finished runs, and
+        # `ordinals` numbers each sample as it finishes, so a failure's rate is over the
+        # samples finished by then, other threads' runs in progress included (counting
+        # finished runs only, a QA run read "102 of 100 calls failed", and the rate limit
+        # could trip early). `itertools.count` is one C call, atomic under the GIL.
         self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
         self.run_calls = dict.fromkeys(self.run_policies, 0)
         self.run_calls_lock = threading.Lock()
+        self.ordinals = {stage: itertools.count(1) for stage in self.run_policies}
         self.run_error: PipelineFailure | None = None
         self.pipeline = (
             PipelineBuilder()
@@ -858,6 +864,7 @@ class CpuEpoch(EpochBase):
         limit = self.decode_limit if stage == "decode" else None
         timed = sizer is not None or limit is not None  # straggler mode's per-sample times
         took: list[float] = []
+        ordinals = self.ordinals[stage]
         for i, task in enumerate(run):
             if self.stopping.is_set():
                 break
@@ -865,11 +872,12 @@ class CpuEpoch(EpochBase):
             try:
                 op(task)
             except Exception as exc:
-                self.run_failure(stage, task, exc, i)
+                self.run_failure(stage, task, exc, next(ordinals))
             except BaseException:
                 self.abandon(run[i:])
                 raise
             else:
+                next(ordinals)
                 kept.append(task)
                 if timed:
                     took.append(clock() - began)
@@ -888,14 +896,13 @@ class CpuEpoch(EpochBase):
         with self.run_calls_lock:
             self.run_calls[stage] += samples
 
-    def run_failure(self, stage: str, task: Task, exc: Exception, place: int) -> None:
-        """Sample ``place`` of a run failed: recorded as the engine records a failed call
-        (note, record, ``max_failures`` per stage over the samples it has finished), then
-        the resume record and the batcher are told, in `note_failure`'s order."""
+    def run_failure(self, stage: str, task: Task, exc: Exception, calls: int) -> None:
+        """A sample of a run failed, the ``calls``-th its stage finished: recorded as the
+        engine records a failed call (note, record, ``max_failures`` per stage over the
+        samples it has finished), then the resume record and the batcher are told, in
+        `note_failure`'s order."""
         add_note(exc, f"stage: {stage}, sample: {task.key}")
         self.remember_failure(task.position)
-        with self.run_calls_lock:
-            calls = self.run_calls[stage] + place + 1
         record = FailureRecord(stage=stage, key=task.key, error=exc)
         error = self.run_policies[stage].record(record, calls=calls)
         if error is None:

@@ -1372,3 +1372,32 @@ def test_bicubic_interpolation_reaches_every_sample(unique_list: FileList) -> No
             np.testing.assert_array_equal(image.numpy(), out)
             differ += not torch.equal(image, plain[label])
     assert differ > len(unique_list) // 2
+
+
+def test_a_failure_rate_counts_other_threads_runs_in_progress(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failure's rate was taken over finished runs plus its own run's samples, so with
+    # several threads it read "102 of 100 calls failed" and could trip max_failures early.
+    from gpu_loader.pipeline._errors import FailurePolicy
+
+    seen: list[tuple[str, int, int]] = []
+    record = FailurePolicy.record
+
+    def spy(self: FailurePolicy, failure: Any, calls: int) -> Any:
+        result = record(self, failure, calls)
+        seen.append((failure.stage, len(self.records()), calls))
+        return result
+
+    monkeypatch.setattr(FailurePolicy, "record", spy)
+
+    def slow_failure(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        time.sleep(0.004)  # both decode threads are inside a run when they fail
+        raise ValueError("refused")
+
+    options = gl.LoaderOptions(samples_per_task=8, decode_threads=2)
+    loader = make(unique_list, augment=slow_failure, max_failures=None, options=options)
+    assert labels_of(run_epoch(loader)) == []
+    assert len(seen) == len(unique_list) and {stage for stage, _, _ in seen} == {"decode"}
+    assert all(failed <= calls for _, failed, calls in seen), seen
+    assert max(calls for _, _, calls in seen) == len(unique_list)
