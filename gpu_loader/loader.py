@@ -253,14 +253,17 @@ class ImageLoader:
     resize and flip, before the normalisation: ``image`` is the sample's ``[3, H, W]``
     uint8 CPU tensor (rounded to 8 bits), and the function returns a tensor of that shape,
     uint8 (0-255) or floating point (0-1), which is then normalised and cast. torchvision's
-    tensor transforms (``ColorJitter``, ``RandAugment``, ``RandomErasing``, ...) fit as
-    they are. ``generator`` is a ``torch.Generator`` seeded from (seed, epoch, sample),
+    tensor transforms (``ColorJitter``, ``RandAugment``, ``RandomErasing``, ...) take that
+    image (``augment=lambda image, generator: t(image)``; a one-argument function is
+    refused). ``generator`` is a ``torch.Generator`` seeded from (seed, epoch, sample),
     apart from the crop's stream: draw from it and the augmentation is reproducible,
     whatever the threads and across a resume (torch's global generator, which torchvision
     draws from, is shared by the loader's threads, so its draws depend on timing). It runs
     in the decode threads, several samples at once, on the CPU path (``decode_on="auto"``
     then picks it on a CUDA device too). An exception it raises fails that sample, as a
-    decode error does, with a note naming the function.
+    decode error does (``failed_samples()`` lists it with stage ``augment``), and so does a
+    result it cannot use: another shape, or float pixels off the 0-1 scale (outside
+    [-1, 2], or NaN).
     """
 
     def __init__(
