@@ -116,7 +116,7 @@ static int axis_init(Axis *a, int in_size, double b0, double b1, int out_size, i
             axis_free(a);
             return -1;
         }
-        double total = 0.0; /* Pillow's own guard below: a zero sum leaves the taps at 0 */
+        double total = 0.0; /* normalised unless 0 (Pillow's guard): bicubic taps may be < 0 */
         for (int x = lo; x < hi; ++x) {
             double t = fabs((x - c + 0.5) / filterscale);
             double v = filter == FILTER_BICUBIC ? bicubic(t) : t < 1.0 ? 1.0 - t : 0.0;
@@ -393,7 +393,9 @@ static void finish_row(Resizer *r, int i) {
     const int planes = r->channels == 1 ? 1 : 3;
     if (r->clamp) {
         float *v = r->values;
-        for (int j = 0; j < planes * out_w; ++j) v[j] = v[j] < 0.0f ? 0.0f : v[j] > 255.0f ? 255.0f : v[j];
+        for (int j = 0; j < planes * out_w; ++j) {
+            v[j] = v[j] < 0.0f ? 0.0f : v[j] > 255.0f ? 255.0f : v[j];
+        }
     }
     const size_t plane = (size_t)r->out_h * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
     const size_t row = (size_t)i * (size_t)out_w * (size_t)OUT_ITEMSIZE[r->dtype];
