@@ -508,7 +508,12 @@ class ImageLoader:
                 "runs one epoch at a time: give each thread its own loader"
             )
         self.sampler.check_distributed()
-        if self.sampler.epoch != self._known_epoch:
+        chosen = self.sampler.take_chosen_epoch()
+        if chosen is not None:
+            # train_sampler.set_epoch(e) on a sampler of the user's (`sampler=`), as with
+            # DataLoader: the same as set_epoch(e), the same epoch again included.
+            self.set_epoch(chosen)
+        elif self.sampler.epoch != self._known_epoch:
             # loader.sampler.set_epoch(e), as with DistributedSampler: take it as set_epoch(e)
             self.set_epoch(self.sampler.epoch)
         if (self._epoch_done or self._epoch_begun) and not self._explicit_epoch:

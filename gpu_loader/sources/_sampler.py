@@ -11,10 +11,13 @@ split over the ranks the same way.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import itertools
 import operator
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -179,6 +182,11 @@ class Sampler:
         user's): each repeat then needs a random stream of its own."""
         return self.weighted
 
+    def take_chosen_epoch(self) -> int | None:
+        """An epoch chosen on a sampler of the user's since the last call (its own
+        ``set_epoch``), which the loader takes as its ``set_epoch``; None: none."""
+        return None
+
     @property
     def rank(self) -> int:
         return self._rank
@@ -342,8 +350,8 @@ class IterableSampler(Sampler):
     ``sampler`` is what ``DataLoader(sampler=...)`` takes: a re-iterable of dataset indices
     (ints, numpy or 0-d torch integers; a one-shot iterator is refused), with
     ``set_epoch(epoch)`` if its order depends on the epoch (``DistributedSampler``'s habit;
-    it is called before each epoch's order is taken, and an ``epoch`` the user set on it
-    since is taken as the loader's epoch). It shards for itself: the loader takes what it
+    it is called before each epoch's order is taken, and the user's own calls of it are
+    taken as the loader's ``set_epoch``). It shards for itself: the loader takes what it
     gives; its ``rank`` and ``num_replicas``, where it has them, key the random streams
     (else the detected ones). Its order is taken in whole when the epoch first needs it
     (and cached), so an epoch must be finite (at most ``len(sampler)`` indices, or
@@ -354,7 +362,7 @@ class IterableSampler(Sampler):
     samples.
     """
 
-    MAX_UNSIZED_FACTOR = 1024
+    MAX_UNSIZED_FACTOR = 16
 
     def __init__(
         self, sampler: Any, num_samples: int, *, seed: int = 0, fingerprint: str = ""
@@ -383,9 +391,10 @@ class IterableSampler(Sampler):
         # (a state being checked), each taken once, so a sampler that is not seeded still
         # gives one order per epoch here.
         self._orders: dict[int, np.ndarray] = {}
-        theirs = self._their_epoch()
+        self._chosen: int | None = None  # the epoch its own set_epoch was last given
+        self._set_epoch = self._watch_set_epoch()
+        theirs = self._their_epoch()  # set on it before the loader was built
         self._epoch = theirs if theirs is not None else 0
-        self._pushed: int | None = theirs  # the epoch last given to its set_epoch
         self._first = self._epoch  # the epoch `len()` was taken from
         self._length = len(self._order_for(self._epoch))
 
@@ -402,14 +411,33 @@ class IterableSampler(Sampler):
     def __len__(self) -> int:
         return self._length
 
-    def check_distributed(self) -> None:
-        """Before each pass: an epoch set on the user's sampler itself since the loader
-        last set it (``train_sampler.set_epoch(e)``, DataLoader's habit) becomes this
-        sampler's epoch, which the loader then takes as ``set_epoch(e)``."""
-        theirs = self._their_epoch()
-        if theirs is not None and theirs != self._pushed:
-            self._pushed = theirs
-            self.set_epoch(theirs)
+    def _watch_set_epoch(self) -> Callable[[int], Any] | None:
+        """The sampler's own ``set_epoch``, for the loader's calls. The user's calls of it
+        (``train_sampler.set_epoch(e)``, DataLoader's habit) go through a wrapper put on
+        the sampler object that notes the epoch, which the loader's next pass takes as
+        ``loader.set_epoch(e)``, the same epoch again included. A sampler whose attributes
+        cannot be set keeps its method, and only an ``epoch`` it shows at build time
+        counts."""
+        original = getattr(self.sampler, "set_epoch", None)
+        if not callable(original):
+            return None
+        owner = weakref.ref(self)  # the sampler may outlive this loader
+
+        @functools.wraps(original)
+        def set_epoch(epoch: int, *args: Any, **kwargs: Any) -> Any:
+            result = original(epoch, *args, **kwargs)
+            watcher = owner()
+            if watcher is not None and _is_int(epoch) and epoch >= 0:
+                watcher._chosen = int(epoch)
+            return result
+
+        with contextlib.suppress(AttributeError, TypeError):  # __slots__, a read-only type
+            self.sampler.set_epoch = set_epoch
+        return original  # type: ignore[no-any-return]
+
+    def take_chosen_epoch(self) -> int | None:
+        chosen, self._chosen = self._chosen, None
+        return chosen
 
     def _their_epoch(self) -> int | None:
         epoch = getattr(self.sampler, "epoch", None)
@@ -430,28 +458,31 @@ class IterableSampler(Sampler):
         order = self._orders.get(epoch)
         if order is not None:
             return order
-        set_epoch = getattr(self.sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-            self._pushed = epoch
+        if self._set_epoch is not None:
+            self._set_epoch(epoch)  # the sampler's own method: not the user's choice
         try:
             sized = len(self.sampler)
         except TypeError:  # no len(): only an epoch longer than any sampler's is refused
             sized = None
         limit = sized if sized is not None else self.MAX_UNSIZED_FACTOR * self.num_samples
         try:
-            order = _as_indices(list(itertools.islice(iter(self.sampler), limit + 1)))
-        except (TypeError, OverflowError) as exc:
+            order = _take_indices(iter(self.sampler), limit + 1)
+        except TypeError as exc:
             raise TypeError(
                 f"`sampler` must yield integer dataset indices; epoch {epoch}: {exc}"
             ) from exc
+        except OverflowError:
+            raise ValueError(
+                f"`sampler` gave an index of 2**63 or more for epoch {epoch}; the source has "
+                f"{self.num_samples} samples (indices 0 to {self.num_samples - 1})"
+            ) from None
         if len(order) > limit:
             what = (
                 f"its len() of {sized}"
                 if sized is not None
                 else (
                     f"{limit} ({self.MAX_UNSIZED_FACTOR} x the source's {self.num_samples} "
-                    "samples; it has no len())"
+                    "samples; it has no len(): give it one if its epochs are that long)"
                 )
             )
             raise ValueError(
@@ -483,6 +514,8 @@ class IterableSampler(Sampler):
             )
         _check_int("epoch", state["epoch"], 0)
         ours = _digest(self._order_for(int(state["epoch"])))
+        if self._set_epoch is not None and int(state["epoch"]) != self._epoch:
+            self._set_epoch(self._epoch)  # leave the sampler at this loader's epoch
         if state["order"] != ours:
             raise ValueError(
                 f"refusing sampler state: this `sampler` gives another order for epoch "
@@ -503,6 +536,23 @@ def _digest(order: np.ndarray) -> str:
 def _is_int(value: object) -> TypeGuard[int]:
     """An int or numpy integer, not a bool."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+_CHUNK = 1 << 20
+
+
+def _take_indices(items: Iterator[Any], limit: int) -> np.ndarray:
+    """At most ``limit`` of a sampler's items as int64, converted a chunk at a time (an
+    endless sampler costs 8 bytes an index until the limit, not a Python int's ~48)."""
+    chunks = []
+    taken = 0
+    while taken < limit:
+        chunk = _as_indices(list(itertools.islice(items, min(_CHUNK, limit - taken))))
+        if len(chunk) == 0:
+            break
+        chunks.append(chunk)
+        taken += len(chunk)
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
 
 
 def _as_indices(items: list[Any]) -> np.ndarray:

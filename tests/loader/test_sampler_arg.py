@@ -260,7 +260,7 @@ def test_an_endless_sampler_is_refused_without_reading_it_all(unique_list: FileL
         def __iter__(self) -> Any:
             return itertools.cycle(range(10))
 
-    with pytest.raises(ValueError, match="than 49152 \\(1024 x the source's 48 samples"):
+    with pytest.raises(ValueError, match="than 768 \\(16 x the source's 48 samples"):
         make(unique_list, sampler=Endless())
 
     class LongerThanItsLen(Endless):
@@ -295,3 +295,84 @@ def test_the_gpu_path_runs_the_samplers_order_too(unique_list: FileList) -> None
     )
     order = [9, 9, 2, 30, 4, 4, 4]
     assert labels(make(unique_list, sampler=order, options=options)) == order
+
+
+def ds_of(source: FileList, seed: int = 9) -> DistributedSampler[int]:
+    return DistributedSampler(source, num_replicas=2, rank=0, seed=seed)
+
+
+def order_of(source: FileList, epoch: int, seed: int = 9) -> list[int]:
+    reference = ds_of(source, seed)
+    reference.set_epoch(epoch)
+    return list(reference)
+
+
+def test_the_same_epoch_set_again_on_the_sampler_runs_it_again(unique_list: FileList) -> None:
+    ours = ds_of(unique_list)
+    loader = make(unique_list, sampler=ours)
+    for epoch in (0, 0, 3, 3):
+        ours.set_epoch(epoch)
+        assert labels(loader) == order_of(unique_list, epoch), epoch
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_resume_after_an_epoch_ended_follows_the_samplers_set_epoch(
+    unique_list: FileList, batching: str
+) -> None:
+    ours = ds_of(unique_list)
+    loader = make(unique_list, sampler=ours, batching=batching)
+    for epoch in (0, 1):
+        ours.set_epoch(epoch)
+        labels(loader)
+    state = json.loads(json.dumps(loader.state_dict()))  # after epoch 1 ended
+    again = ds_of(unique_list)
+    resumed = make(unique_list, sampler=again, batching=batching)
+    resumed.load_state_dict(state)
+    got = []
+    for epoch in (1, 2, 3):  # the loop picks up at the saved epoch: nothing is left of it
+        again.set_epoch(epoch)
+        got.append(sorted(labels(resumed)))
+    assert got == [[], sorted(order_of(unique_list, 2)), sorted(order_of(unique_list, 3))]
+
+
+def test_a_refused_state_leaves_the_sampler_and_its_next_epoch_alone(
+    unique_list: FileList,
+) -> None:
+    ours = ds_of(unique_list)
+    loader = make(unique_list, sampler=ours)
+    ours.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    other = ds_of(unique_list, seed=8)
+    fresh = make(unique_list, sampler=other)
+    with pytest.raises(ValueError, match="another order for epoch 1"):
+        fresh.load_state_dict(state)
+    assert other.epoch == 0  # put back
+    other.set_epoch(1)
+    assert labels(fresh) == order_of(unique_list, 1, seed=8)
+
+
+def test_a_sampler_keeping_its_epoch_privately_is_followed(unique_list: FileList) -> None:
+    class Private:
+        def __init__(self) -> None:
+            self._e = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self._e = epoch
+
+        def __iter__(self) -> Any:
+            return iter([self._e, self._e + 20])
+
+    ours = Private()
+    loader = make(unique_list, sampler=ours, batch_size=2)
+    for epoch in (3, 4, 4):
+        ours.set_epoch(epoch)
+        assert labels(loader) == [epoch, epoch + 20]
+    assert labels(loader) == [5, 25]  # without a call the next pass moves on
+
+
+def test_an_index_past_int64_is_named_as_out_of_range(unique_list: FileList) -> None:
+    with pytest.raises(ValueError, match=r"an index of 2\*\*63 or more for epoch 0"):
+        make(unique_list, sampler=[1, 2**64])
