@@ -25,7 +25,7 @@ from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder
-from gpu_loader.pipeline._errors import MAX_CAUSES, RATE_WARMUP_CALLS, limit_failure
+from gpu_loader.pipeline._errors import MAX_CAUSES, limit_failure, rate_clearly_over
 
 if TYPE_CHECKING:
     import torch
@@ -180,8 +180,8 @@ class GpuEpoch(EpochBase):
 
     def check_failure_budget(self, *, final: bool = False) -> None:
         """Apply `max_failures` to GPU decode failures, counted per sample (the engine
-        sees a batch as one call): a count at once, a rate once `RATE_WARMUP_CALLS`
-        samples were decoded or failed, and always at the end (``final``), as the
+        sees a batch as one call): a count at once, a rate at the end (``final``) and,
+        before, once `rate_clearly_over` (after `RATE_WARMUP_CALLS` samples), as the
         engine does for the CPU stages."""
         limit = self.loader.max_failures
         if limit is None:
@@ -193,7 +193,7 @@ class GpuEpoch(EpochBase):
         if isinstance(limit, int):
             over = failed > limit
         else:
-            over = (final or done >= RATE_WARMUP_CALLS) and failed > limit * done
+            over = failed > limit * done if final else rate_clearly_over(failed, done, limit)
         if over:
             raise limit_failure(
                 f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import re
 import sys
 import traceback
 import weakref
@@ -243,3 +244,41 @@ def test_a_raised_failure_keeps_its_locals_for_a_debugger() -> None:
     while tb is not None and tb.tb_frame.f_code.co_name != "decode":
         tb = tb.tb_next
     assert tb is not None and tb.tb_frame.f_locals["payload"] == "item 0"
+
+
+def test_an_unlucky_start_under_the_limit_does_not_stop_the_stream() -> None:
+    # 33 of the first 101 calls fail, 25% of the whole stream: under max_failures=0.3.
+    # Judged on the running rate, the stream stopped at call 101 (a QA run's case).
+    n = 400
+    bad = set(range(0, 99, 3))  # 33 failures in the first 99 calls
+    bad |= set(sorted(set(range(101, n)) - bad)[::4][: 100 - len(bad)])
+    assert len(bad) == 100 and sum(1 for b in bad if b <= 100) == 33
+    out, p = run(n, fail_on(bad), max_failures=0.3)
+    assert len(out) == n - 100 and len(p.failures()) == 100
+
+
+def test_a_clearly_broken_stream_still_stops_early() -> None:
+    # Half the calls fail against max_failures=0.1: stopped soon after the warm-up, not
+    # at the end of the stream.
+    n = 20 * RATE_WARMUP_CALLS
+    with pytest.raises(PipelineFailure, match=r"failure rate above 0\.1") as info:
+        run(n, fail_on(set(range(0, n, 2))), max_failures=0.1)
+    found = re.search(r"\((\d+) of (\d+) calls failed\)", str(info.value))
+    assert found is not None and int(found[2]) <= 2 * RATE_WARMUP_CALLS
+
+
+@pytest.mark.parametrize(
+    ("failed", "calls", "limit", "over"),
+    [
+        (33, 101, 0.3, False),  # the unlucky start above
+        (60, 100, 0.1, True),  # clearly broken
+        (9, 50, 0.05, False),  # before the warm-up
+        (3200, 10000, 0.3, True),  # 32% of many calls: beyond doubt
+        (310, 1000, 0.3, False),  # 31% of 1000: could be chance
+        (20, 100, 0.3, False),  # under the limit
+    ],
+)
+def test_rate_clearly_over(failed: int, calls: int, limit: float, over: bool) -> None:
+    from gpu_loader.pipeline._errors import rate_clearly_over
+
+    assert rate_clearly_over(failed, calls, limit) is over
