@@ -568,7 +568,10 @@ def _as_indices(items: list[Any]) -> np.ndarray:
 
 def _index(value: Any) -> int:
     """A dataset index from a sampler's item: an int, a numpy integer or a 0-d integer
-    tensor (``operator.index``), not a bool (``True`` would be index 1)."""
+    tensor (``operator.index``), not a bool (``True`` would be index 1) nor a 1-element
+    array (a batch sampler's item)."""
     if isinstance(value, bool | np.bool_):
         raise TypeError(f"a bool ({value!r}) is not an index")
+    if getattr(value, "ndim", 0) != 0:  # torch takes a 1-element tensor as an index
+        raise TypeError(f"an array of shape {tuple(value.shape)} is not an index")
     return operator.index(value)

@@ -241,6 +241,7 @@ def test_arguments_the_sampler_replaces_are_refused(
         ([1.0, 2.0], TypeError, "must yield integer dataset indices"),
         ([], ValueError, "gave no indices for epoch 0"),
         ([True, False], TypeError, "a bool \\(True\\) is not an index"),
+        ([torch.tensor([3])], TypeError, "an array of shape \\(1,\\) is not an index"),
         (iter([1, 2]), TypeError, "one-shot iterator \\(list_iterator\\)"),
         ((i for i in range(3)), TypeError, "one-shot iterator \\(generator\\)"),
         (itertools.cycle(range(3)), TypeError, "one-shot iterator"),
