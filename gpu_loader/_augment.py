@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_loader.ops import load_into
-from gpu_loader.ops._transform import _affine, cast_into
+from gpu_loader.ops._transform import cast_into, normalize_uint8_into
 from gpu_loader.pipeline._errors import add_note
 
 if TYPE_CHECKING:
@@ -175,20 +175,14 @@ def normalize_into(
     """``[3, H, W]`` pixels, uint8 (0-255) or float32 (0-1, as torchvision's float
     images), normalised ``(x - mean) / std`` and cast into ``out`` (uint8: the 0-255
     pixels, rounded to nearest and clamped)."""
-    if image.dtype == np.uint8 and dtype == "uint8":
-        np.copyto(out, image)
+    if image.dtype == np.uint8:
+        normalize_uint8_into(image, out, mean=mean, std=std, dtype=dtype)
         return
     if dtype == "uint8":
         np.copyto(out, np.clip(np.rint(image * np.float32(255)), 0, 255), casting="unsafe")
         return
     target = out if dtype == "float32" else np.empty(out.shape, np.float32)
-    if image.dtype == np.uint8:
-        # x * scale + offset in float32: bit for bit the values the Pillow path's tables hold.
-        scale, offset = _affine(mean, std)
-        np.multiply(image, scale, out=target)
-        target += offset
-    else:
-        np.subtract(image, np.asarray(mean, np.float32).reshape(3, 1, 1), out=target)
-        target /= np.asarray(std, np.float32).reshape(3, 1, 1)
+    np.subtract(image, np.asarray(mean, np.float32).reshape(3, 1, 1), out=target)
+    target /= np.asarray(std, np.float32).reshape(3, 1, 1)
     if dtype != "float32":
         cast_into(target, out, dtype)

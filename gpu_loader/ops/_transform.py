@@ -70,6 +70,20 @@ def transform_into(
         return
     rgb = resized[:, ::-1, :3] if params.flip else resized[:, :, :3]
     chw = rgb.transpose(2, 0, 1)  # a view: the copy happens in the fused pass below
+    normalize_uint8_into(chw, out, mean=mean, std=std, dtype=dtype)
+
+
+def normalize_uint8_into(
+    chw: np.ndarray,
+    out: np.ndarray,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: str,
+) -> None:
+    """``[3, H, W]`` uint8 pixels (any strides) normalised ``(x / 255 - mean) / std`` and
+    cast into ``out``, as ``x * scale + offset`` in float32: bit for bit the values the
+    Pillow path's tables hold (uint8: copied as they are)."""
     if dtype == "uint8":
         np.copyto(out, chw)
         return
