@@ -25,7 +25,7 @@ from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import OutputOrder, PipelineBuilder
-from gpu_loader.pipeline._errors import MAX_CAUSES, limit_failure, rate_clearly_over
+from gpu_loader.pipeline._errors import MAX_CAUSES, limit_failure, rate_passed
 
 if TYPE_CHECKING:
     import torch
@@ -180,9 +180,8 @@ class GpuEpoch(EpochBase):
 
     def check_failure_budget(self, *, final: bool = False) -> None:
         """Apply `max_failures` to GPU decode failures, counted per sample (the engine
-        sees a batch as one call): a count at once, a rate at the end (``final``) and,
-        before, once `rate_clearly_over` (after `RATE_WARMUP_CALLS` samples), as the
-        engine does for the CPU stages."""
+        sees a batch as one call): a count at once, a rate by `rate_passed`, as the engine
+        does for the CPU stages."""
         limit = self.loader.max_failures
         if limit is None:
             return
@@ -193,7 +192,7 @@ class GpuEpoch(EpochBase):
         if isinstance(limit, int):
             over = failed > limit
         else:
-            over = failed > limit * done if final else rate_clearly_over(failed, done, limit)
+            over = rate_passed(failed, done, limit, final=final)
         if over:
             raise limit_failure(
                 f"stage 'gpu_decode': {failed} of {done} sample(s) failed, past "

@@ -39,6 +39,12 @@ def rate_clearly_over(failed: int, calls: int, limit: float) -> bool:
     return (p + z2 / (2.0 * n) - spread) / (1.0 + z2 / n) > limit
 
 
+def rate_passed(failed: int, calls: int, limit: float, *, final: bool) -> bool:
+    """Whether a rate ``limit`` stops the run: at the end (``final``) the whole rate is over
+    it; before, it is `rate_clearly_over`."""
+    return failed > limit * max(calls, 1) if final else rate_clearly_over(failed, calls, limit)
+
+
 # PipelineFailure carries at most this many causes; all of them stay in `failures()`.
 MAX_CAUSES = 64
 
@@ -193,10 +199,7 @@ class FailurePolicy:
         if limit is None or failed == 0 or self._tripped:
             return None
         if isinstance(limit, float):
-            over = (
-                failed > limit * max(calls, 1) if final else rate_clearly_over(failed, calls, limit)
-            )
-            if not over:
+            if not rate_passed(failed, calls, limit, final=final):
                 return None
             detail = f"{failed} of {calls} calls failed"
         else:
