@@ -688,6 +688,11 @@ class CpuEpoch(EpochBase):
         # a numpy view adds no reference to the storage, which `BatchPool` counts).
         self.buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.buffers_lock = threading.Lock()
+        # One sample's decode + transform: `load_into`, or with an `augment` function
+        # `load_augmented` (chosen once per epoch, not per sample).
+        self.load_sample: Callable[..., object] = load_into
+        if loader.augment is not None:
+            self.load_sample = functools.partial(load_augmented, loader.augment)
         # Straggler mode: samples decode into their nominal batch's rows; a batch is built
         # on one of those tensors, copying in only the samples that moved.
         self.rows: StragglerRows | None = None
@@ -810,10 +815,7 @@ class CpuEpoch(EpochBase):
 
     def load(self, task: Task, out: np.ndarray) -> None:
         loader = self.loader
-        load: Callable[..., object] = load_into
-        if loader.augment is not None:
-            load = functools.partial(load_augmented, loader.augment)
-        load(
+        self.load_sample(
             task.data or b"",
             loader.transform,
             sample_stream(loader.seed, self.epoch, task.stream),
