@@ -929,38 +929,38 @@ class ImageLoader:
 
     def _gpu_decode_chosen(self) -> bool:
         """``decode_on="gpu"``, or ``"auto"`` on a CUDA device unless the loader asks for
-        what only the CPU path does (an ``augment`` function, bicubic interpolation,
-        ``exif_orientation=False``)."""
+        what only the CPU path does (`_cpu_only`)."""
         mode = self.options.decode_on
-        transform = self.transform
-        cpu_only = (
-            self.augment is not None
-            or transform.interpolation != "bilinear"
-            or not transform.exif_orientation
-        )
-        return mode == "gpu" or (mode == "auto" and self.device.type == "cuda" and not cpu_only)
+        auto_gpu = self.device.type == "cuda" and not self._cpu_only()
+        return mode == "gpu" or (mode == "auto" and auto_gpu)
 
     def _check_cpu_only(self, on_gpu: bool) -> None:
         """Refuse, on the GPU decode path, what only the CPU path does."""
-        if not on_gpu:
-            return
-        if not self.transform.exif_orientation:
-            raise ValueError(
+        if on_gpu and (why := self._cpu_only()):
+            raise ValueError(why[0])
+
+    def _cpu_only(self) -> list[str]:
+        """Why this loader needs the CPU decode path (each as the GPU path's refusal):
+        ``exif_orientation=False``, bicubic interpolation, an ``augment`` function."""
+        transform, why = self.transform, []
+        if not transform.exif_orientation:
+            why.append(
                 "exif_orientation=False is supported by the CPU decode path only (the GPU "
                 "decoder turns images upright); pass options=LoaderOptions(decode_on='cpu')"
             )
-        if self.transform.interpolation != "bilinear":
-            raise ValueError(
-                f"interpolation={self.transform.interpolation!r} is supported by the CPU "
+        if transform.interpolation != "bilinear":
+            why.append(
+                f"interpolation={transform.interpolation!r} is supported by the CPU "
                 "decode path only (the GPU kernel resizes with the bilinear filter); leave "
                 "LoaderOptions(decode_on=...) at 'auto' or 'cpu'"
             )
         if self.augment is not None:
-            raise ValueError(
+            why.append(
                 "`augment` runs on the CPU decode path only (the GPU path decodes and "
                 "transforms whole batches in one kernel); leave LoaderOptions(decode_on=...) "
                 "at 'auto' or 'cpu', or augment the batch on the device in the training loop"
             )
+        return why
 
     def _epoch_closed(
         self,
