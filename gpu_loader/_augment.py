@@ -112,14 +112,9 @@ def load_augmented(
     load_into(data, transform, stream, pixels, dtype="uint8", key=key, max_pixels=max_pixels)
     generator = torch.Generator()
     generator.manual_seed(augment_seed(stream))
-    try:
-        result = augment(torch.from_numpy(pixels), generator)
+    try:  # what the function raises, and what it returns that cannot be used
+        image = _checked(augment(torch.from_numpy(pixels), generator), out.shape)
     except Exception as exc:
-        add_note(exc, AUGMENT_NOTE)
-        raise
-    try:
-        image = _checked(result, out.shape)
-    except (TypeError, ValueError) as exc:
         add_note(exc, AUGMENT_NOTE)
         raise
     normalize_into(image, out, mean=transform.mean, std=transform.std, dtype=dtype)
