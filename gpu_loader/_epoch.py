@@ -56,6 +56,7 @@ from gpu_loader.pipeline._errors import (
     limit_failure,
     release_locals,
 )
+from gpu_loader.pipeline._runtime import JOIN_TIMEOUT_S
 from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
     from gpu_loader.loader import ImageLoader
 
 IDLE_TICK_S = 0.05
+# A second close() waits this long at most for the one in progress (which joins each
+# pipeline for at most JOIN_TIMEOUT_S).
+CLOSE_WAIT_S = 3 * JOIN_TIMEOUT_S
+THREAD_PREFIX = "gpu_loader-"  # every thread the loader starts is named so
 """How often the batcher thread checks for failures while no sample completes."""
 
 
@@ -232,6 +237,8 @@ class EpochBase:
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
         self.close_lock = threading.Lock()
+        self._close_done = InterruptSafeEvent()  # the first closer has handed over
+        self._closer: int | None = None  # that closer's thread
         self._abandoned = False  # the training loop let go of the iterator mid-epoch
         self.stopped_because: str | None = None
 
@@ -649,17 +656,31 @@ class EpochBase:
         epoch's iterator) makes that iterator raise it instead of ending quietly."""
         if reason is not None and self.stopped_because is None and not self.finished:
             self.stopped_because = reason
+        me = threading.get_ident()
         with self.close_lock:  # one closer (another thread, a finalizer) does the work
-            if self._closed:
-                return
-            self._closed = True
+            first, self._closed = not self._closed, True
+            if first:
+                self._closer = me
+        if not first:
+            # Another thread is closing: wait until it has joined the threads and handed
+            # the progress over, so that whoever called close() finds them gone (the
+            # loader's close() then frees the GPU decoders those threads use). Not the
+            # closer itself (a Ctrl-C's second close), nor one of the loader's threads
+            # (a finalizer run there: the closer may be joining it), nor at exit.
+            own = threading.current_thread().name.startswith(THREAD_PREFIX)
+            if me != self._closer and not own and not sys.is_finalizing():
+                self._close_done.wait(CLOSE_WAIT_S)
+            return
         try:
             self.stop_feeding()
             self.shutdown()
         finally:  # also when a Ctrl-C cut the shutdown short: the progress is handed over
-            self.loader._epoch_closed(
-                self, self.failures(), self.engine_stats(), self.batching_stats()
-            )
+            try:
+                self.loader._epoch_closed(
+                    self, self.failures(), self.engine_stats(), self.batching_stats()
+                )
+            finally:
+                self._close_done.set()
 
     def batching_stats(self) -> BatcherStats:
         """The batcher's counters, with the path's copy counters where it has them."""

@@ -112,6 +112,49 @@ def test_iterating_from_a_second_thread_while_one_is_in_next_says_so(
     assert sorted(got) == list(range(len(unique_list)))  # the first thread was not disturbed
 
 
+def test_a_second_close_waits_for_the_close_in_progress(unique_list: FileList) -> None:
+    # Two closers at once (a training thread and a watchdog, or the thread that closes a
+    # dropped iterator): the second returned at once while the first was still joining
+    # the epoch's threads, so its caller found them running (and the loader's close()
+    # freed the GPU decoders under them).
+    source = GatedFirstRead(unique_list)
+    loader = make(source)
+    it = iter(loader)
+    outcome: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            next(it)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert source.waiting.wait(30)  # a read thread is held inside read(0)
+    epoch = loader._epoch()
+    assert epoch is not None
+    first = threading.Thread(target=loader.close)
+    first.start()
+    deadline = time.monotonic() + 30
+    while not epoch._closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second_done = threading.Event()
+    second = threading.Thread(target=lambda: (loader.close(), second_done.set()))
+    second.start()
+    try:
+        # The first close waits for the held read thread; so must the second.
+        assert not second_done.wait(0.5)
+        assert first.is_alive()
+    finally:
+        source.gate.set()
+    assert second_done.wait(30)
+    first.join(30)
+    consumer.join(30)
+    assert not first.is_alive() and not consumer.is_alive()
+    assert len(outcome) == 1 and "close() was called" in str(outcome[0])
+    assert not [t.name for t in threading.enumerate() if "pipeline" in t.name]
+
+
 def test_a_restarted_epoch_lists_each_bad_file_once(bad_list: tuple[FileList, set[str]]) -> None:
     items, bad = bad_list
     loader = make(items, max_failures=None)
