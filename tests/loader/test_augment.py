@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,6 +128,37 @@ def test_each_epoch_draws_again(unique_list: FileList) -> None:
     assert loader.epoch == 1
     differ = sum(not torch.equal(first[k], second[k]) for k in first)
     assert differ > len(first) // 2
+
+
+def test_the_function_runs_on_one_torch_thread_and_the_process_keeps_its_own(
+    photo_dir: Path,
+) -> None:
+    # torch.set_num_threads is process-wide: every decode thread ran the function's ops
+    # on an OpenMP team as wide as the machine (DataLoader's workers use one thread each).
+    # Checked through the loader, in a fresh process, with a width of 3 set beforehand.
+    script = f"""
+import json, sys, threading, torch, gpu_loader as gl
+torch.set_num_threads(3)
+seen = []
+def probe(image, generator):
+    seen.append((threading.current_thread().name, torch.get_num_threads()))
+    return image.float().mul_(1 / 255)
+source = gl.sources.ImageFolder({str(photo_dir)!r})
+loader = gl.ImageLoader(source, batch_size=4, transform=gl.ops.EvalTransform(32),
+                        augment=probe)
+for _ in loader:
+    pass
+print(json.dumps({{"seen": seen, "n": len(source), "main": torch.get_num_threads()}}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(report["seen"]) == report["n"] > 0
+    assert {width for _, width in report["seen"]} == {1}
+    assert all(name.startswith("gpu_loader-") for name, _ in report["seen"])
+    assert report["main"] == 3
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
