@@ -179,7 +179,7 @@ def make_batcher(loader: ImageLoader, n: int) -> OrderedBatcher[Any] | Straggler
             max_delay_batches=loader.options.max_delay_batches,
             drop_last=loader.drop_last,
         )
-    return OrderedBatcher(loader.batch_size, n, drop_last=loader.drop_last)
+    return OrderedBatcher(loader.batch_size, n, drop_last=loader.drop_last, window=loader._window())
 
 
 class EpochBase:
@@ -1131,9 +1131,15 @@ class CpuEpoch(EpochBase):
         else:
             plan = self.batcher.plan
             b = positions[0] // plan.batch_size
+            # Batches come in nominal order; a nominal batch split in parts to keep the
+            # batch count (`OrderedBatcher`) is read by each part and freed by the next.
             with self.buffers_lock:
-                images, _ = self.buffers.pop(b)
-            if len(positions) != images.shape[0]:  # failed samples left out
+                for done in [k for k in self.buffers if k < b]:
+                    del self.buffers[done]
+                images, _ = self.buffers[b]
+                if len(positions) == images.shape[0]:  # the whole batch: handed out
+                    del self.buffers[b]
+            if len(positions) != images.shape[0]:  # failed samples left out, or a part
                 keep = [p - b * plan.batch_size for p in positions]
                 compact = self.new_batch(len(keep))
                 np.take(as_numpy(images), keep, axis=0, out=as_numpy(compact))

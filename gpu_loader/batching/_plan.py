@@ -138,7 +138,8 @@ class BatcherStats:
     """Largest delay in batches of any delivered sample."""
     overdue: int
     """Samples delivered later than ``max_delay_batches`` (0 unless positions were started
-    far out of order: see the README)."""
+    far out of order, see the README; in ordered mode, which has no bound, the later
+    parts of a batch split to keep the number of batches count too)."""
     held_back: int
     """Calls of ``pop()`` that returned nothing although ``batch_size`` samples were ready
     (ordered: head-of-line blocking; straggler: the lateness bound waiting for a straggler)."""

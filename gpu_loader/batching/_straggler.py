@@ -34,7 +34,10 @@ class StragglerBatcher(BatcherBase[T]):
       multiple of ``B``.
     * Failures do not change the number of batches (ranks of a distributed job must step
       together): batches are cut below ``B`` where needed so that every nominal batch is
-      still emitted, while at least as many samples are left as batches owed.
+      still emitted, while at least as many samples are left as batches owed. The batch
+      before the last waits while every sample left for the last one is still running,
+      until one of them completes: should they all fail, it is cut in two instead (where
+      the lateness bound allows: not with ``D = 0``, whose samples are all due).
     * ``drop_last=True`` drops the nominal short last batch, as in ordered mode: positions
       ``>= n - n % B`` are not part of the epoch (reported in ``stats().dropped``, not
       failed; the loader must not start them). The set of delivered samples is thus the
@@ -78,6 +81,8 @@ class StragglerBatcher(BatcherBase[T]):
         size = self._target_size()
         if not heap or (len(heap) < size and not ledger.done):
             return None
+        if self._last_has_none_ready(size):
+            return None  # a batch fewer if what is running fails: wait for one of them
         low = ledger.low()
         if (
             low < ledger.highwater
@@ -121,6 +126,24 @@ class StragglerBatcher(BatcherBase[T]):
         owed = self.plan.num_batches - self._emitted
         if owed <= 1 or left < owed or left - owed + 1 >= size:
             return size
-        # Never below the ready samples due in this batch: the lateness bound comes first.
-        due = (self._emitted - self._max_delay + 1) * size  # positions below it are due now
-        return max(left - owed + 1, sum(p < due for p in self._heap))
+        return max(left - owed + 1, self._due_count())
+
+    def _due_count(self) -> int:
+        """Ready samples due in this batch: no cut goes below them, the lateness bound
+        comes first."""
+        due = (self._emitted - self._max_delay + 1) * self.plan.batch_size
+        return sum(p < due for p in self._heap)  # positions below `due` are due now
+
+    def _last_has_none_ready(self, size: int) -> bool:
+        """Whether emitting ``size`` now, as the batch before the last, would leave the
+        last one only samples still running: should they all fail, the epoch would end a
+        batch short (`_target_size`). Then this batch waits until one of them completes
+        (or all have failed, and the count is kept by cutting this one)."""
+        ledger = self._ledger
+        return (
+            self._max_delay > 0  # else all of this batch is due now: no cut could help
+            and self.plan.num_batches - self._emitted == 2
+            and len(self._heap) <= size  # every ready sample would go now
+            and ledger.started == len(ledger.status)  # the tail: none left to start
+            and ledger.completed < len(ledger.status)  # and some are running
+        )

@@ -72,6 +72,52 @@ def test_a_failure_known_in_time_does_not_cost_a_batch(bad: int) -> None:
     assert sizes[0] == 4 or bad < 4  # full batches while the samples left allow it
 
 
+@pytest.mark.parametrize("delay", [0, 1, 2])
+def test_a_last_sample_that_fails_after_the_others_does_not_cost_a_batch(delay: int) -> None:
+    # Batches of 4 over 9 samples: the lone last one still running when 4-7 are ready.
+    # Emitting all four left nothing for the last batch when that sample then failed.
+    batcher: StragglerBatcher[int] = StragglerBatcher(4, 9, max_delay_batches=delay)
+    for p in range(9):
+        batcher.started(p)
+    for p in range(8):
+        batcher.push(p, p)
+    out = list(iter(batcher.pop, None))
+    if delay:
+        assert [b.positions for b in out] == [(0, 1, 2, 3)]  # (4-7) waits for 8
+    batcher.fail(8)
+    out += batcher.pop_final()
+    if delay == 0:  # 4-7 are all due in batch 1: the lateness bound comes first
+        assert [b.positions for b in out] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    else:
+        assert [b.positions for b in out] == [(0, 1, 2, 3), (4, 5, 6), (7,)]
+    assert batcher.stats().overdue == 0
+
+
+def test_the_batch_before_the_last_waits_only_for_the_first_of_the_last_s_samples() -> None:
+    batcher: StragglerBatcher[int] = StragglerBatcher(4, 11, max_delay_batches=2)
+    for p in range(11):
+        batcher.started(p)
+    for p in range(8):
+        batcher.push(p, p)
+    assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3)]
+    batcher.push(9, 9)  # 8 and 10 still running: the last batch has a sample
+    assert [b.positions for b in iter(batcher.pop, None)] == [(4, 5, 6, 7)]
+    batcher.fail(8)
+    batcher.fail(10)
+    assert [b.positions for b in batcher.pop_final()] == [(9,)]
+
+
+def test_the_batch_before_the_last_is_whole_when_the_last_has_a_ready_sample() -> None:
+    batcher: StragglerBatcher[int] = StragglerBatcher(4, 10, max_delay_batches=2)
+    for p in range(10):
+        batcher.started(p)
+    for p in range(9):
+        batcher.push(p, p)
+    assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    batcher.fail(9)
+    assert [b.positions for b in batcher.pop_final()] == [(8,)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_exactly_once_and_bounded_delay_under_heavy_tails(s: dict[str, object]) -> None:

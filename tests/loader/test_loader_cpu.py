@@ -609,6 +609,33 @@ def test_sharding_through_the_loader(unique_list: FileList, world_size: int) -> 
     assert set(union) == set(range(len(unique_list)))
 
 
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_rank_whose_lone_last_sample_fails_yields_as_many_batches(
+    photo_dir: Path, tmp_path: Path, batching: str
+) -> None:
+    # Each rank's shard in batches of its size less one: [n - 1, 1]. Rank 1's lone last
+    # sample is a bad file: its epoch gave one batch where rank 0's gave two, and a DDP
+    # job, whose ranks step together, waited in a collective for good.
+    files = [(str(p), i) for i, p in enumerate(image_files(photo_dir))]
+    shards = {r: list(make(FileList(files), rank=r, world_size=2, shuffle=False).sampler)
+              for r in (0, 1)}  # fmt: skip
+    size = len(shards[1]) - 1
+    last = shards[1][-1]
+    (tmp_path / "bad.jpg").write_bytes(b"not an image at all" * 10)
+    files[last] = (str(tmp_path / "bad.jpg"), files[last][1])
+    for rank in (0, 1):
+        loader = make(
+            FileList(files), batch_size=size, rank=rank, world_size=2, shuffle=False,
+            batching=batching, max_failures=None,
+        )  # fmt: skip
+        expected = sorted(files[i][1] for i in shards[rank] if i != last)
+        for _ in range(2):  # two epochs
+            batches = run_epoch(loader)
+            assert len(batches) == len(loader) == 2, f"rank {rank}"
+            assert sorted(labels_of(batches)) == expected
+    assert [f.key for f in loader.failed_samples()] == [files[last][0]] * 2
+
+
 def test_breaking_out_and_exceptions_leave_no_threads(unique_list: FileList) -> None:
     before = set(threading.enumerate())
     loader = make(unique_list, batch_size=4)
