@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import queue
 import sys
@@ -38,7 +39,7 @@ from gpu_loader.batching import (
     StragglerBatcher,
     order_by_cost,
 )
-from gpu_loader.batching._ledger import Ledger
+from gpu_loader.batching._ledger import DELIVERED, Ledger
 from gpu_loader.ops import load_into
 from gpu_loader.ops._decode import import_codecs
 from gpu_loader.pipeline import (
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 
     from gpu_loader._run_sizer import RunSizer
     from gpu_loader.loader import ImageLoader
+
+logger = logging.getLogger("gpu_loader")
 
 IDLE_TICK_S = 0.05
 # A second close() waits this long at most for the one in progress (which joins each
@@ -161,6 +164,22 @@ class Received:
                 self.batches -= 1
                 self.last = None
 
+    def padded(self) -> None:
+        """A batch of repeats (`EpochBase.padding_batch`) is handed over: it counts as a
+        batch, its samples were delivered before."""
+        with self.lock:
+            self.batches += 1
+            self.last = None
+
+    def unpadded(self) -> None:
+        with self.lock:
+            self.batches -= 1
+
+    def delivered_positions(self) -> np.ndarray:
+        with self.lock:
+            status = np.frombuffer(bytes(self.ledger.status), np.uint8)
+        return np.flatnonzero(status == DELIVERED)
+
     def failed(self, position: int) -> None:
         with self.lock:
             self.ledger.complete(position, ok=False)
@@ -236,6 +255,8 @@ class EpochBase:
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
+        self.padding_batches = 0  # `padding_batch`es made by this pass
+        self.padding_tries = 0  # delivered samples it has tried to repeat
         self.close_lock = threading.Lock()
         self._close_done = InterruptSafeEvent()  # the first closer has handed over
         self._closer: int | None = None  # that closer's thread
@@ -483,6 +504,7 @@ class EpochBase:
         # wait must not end it.
         in_wait = False
         progress = None
+        ended = False  # the epoch's own batches have all come: only padding may follow
         try:
             # The training loop's first next() runs now: starting the epoch's samplers
             # and threads is part of its wait (the start-up), so that wait begins here.
@@ -499,7 +521,7 @@ class EpochBase:
                             in_wait = True
                             monitor.wait_started()
                         try:
-                            produced = self.next_batch()
+                            produced = None if ended else self.next_batch()
                         except Exception as exc:
                             self.check_not_stopped()  # a stopped epoch's own error is noise
                             if isinstance(exc, PipelineFailure) and exc.limit_reached:
@@ -514,9 +536,13 @@ class EpochBase:
                         finally:
                             monitor.wait_ended()
                             in_wait = False
-                        if produced is None:
+                        padding = ended = produced is None
+                        if padding:
                             self.check_not_stopped()  # not a quiet, truncated epoch
-                            break
+                            produced = self.padding_batch()
+                            if produced is None:
+                                break
+                        assert produced is not None
                         images, labels, positions = produced
                         monitor.record_batch(len(positions))
                         if progress is not None:
@@ -528,15 +554,21 @@ class EpochBase:
                             # between the two would leave the batch in the checkpoint
                             # a training loop saves on KeyboardInterrupt, yet never
                             # trained on, and a resume would skip its samples.
-                            self.received.delivered(positions)
-                            # Last, so the bookkeeping above runs before the samples
-                            # this frees start: with the window full, the decode
-                            # threads are idle until then and do not compete with the
-                            # training loop's thread for the GIL (measured: 0.2-6 ms
-                            # per batch of waiting with five batches queued).
-                            self.release(len(positions))
+                            if padding:  # its samples were delivered (and released)
+                                self.received.padded()
+                            else:
+                                self.received.delivered(positions)
+                                # Last, so the bookkeeping above runs before the samples
+                                # this frees start: with the window full, the decode
+                                # threads are idle until then and do not compete with
+                                # the training loop's thread for the GIL (measured:
+                                # 0.2-6 ms per batch of waiting with five batches queued).
+                                self.release(len(positions))
                         except BaseException:
-                            self.received.undelivered(positions)
+                            if padding:
+                                self.received.unpadded()
+                            else:
+                                self.received.undelivered(positions)
                             raise
                         try:
                             yield batch
@@ -570,6 +602,75 @@ class EpochBase:
                     progress.close(loader.stats())
             finally:
                 self.close()  # whatever the reporting did: join the threads, hand over
+
+    def padding_batch(self) -> Formed | None:
+        """In a distributed run, a batch of repeated samples while this rank's epoch,
+        ended, is short of `len(loader)` batches; None otherwise.
+
+        Ranks step together: one yielding fewer batches than the others leaves them
+        waiting in a collective for good. The batchers keep the count by cutting batches
+        (`OrderedBatcher`, `StragglerBatcher`), but cannot when too few samples are left
+        (batch_size 1: every failed sample is a batch). So, as `DistributedSampler` pads
+        a shard, samples delivered this epoch are decoded again, with the same crop,
+        in the training loop's thread: ascending positions, as many as a batch holds.
+        """
+        loader, received = self.loader, self.received
+        if loader.sampler.world_size <= 1 or received.batches >= len(loader):
+            return None
+        delivered = received.delivered_positions()
+        if delivered.size == 0:  # nothing this rank could repeat
+            return None
+        import torch
+
+        size = min(loader.batch_size, int(delivered.size))
+        out_h, out_w = loader.transform.output_size
+        images = torch.empty((size, 3, out_h, out_w), dtype=getattr(torch, loader.dtype))
+        rows, positions = as_numpy(images), list[int]()
+        # Each delivered sample is tried once at most: one that fails now (its file gone
+        # since) is passed over, as samples that fail are in the epoch.
+        while len(positions) < size and self.padding_tries < delivered.size:
+            position = int(delivered[self.padding_tries % delivered.size])
+            self.padding_tries += 1
+            index = int(self.indices[position])
+            key = loader.source.key(index)
+            task = Task(position, index, key, stream=self.stream_of(position, index))
+            try:
+                task.data = bytes(loader.source.read(index))
+                self.load_padding(task, rows[len(positions)])
+            except Exception as exc:
+                logger.warning("a repeat to pad the epoch failed: %s: %s", key, exc)
+                continue
+            positions.append(position)
+        if not positions:
+            return None
+        if self.padding_batches == 0:
+            logger.warning(
+                "rank %d of %d: epoch %d came out %d batch(es) short of len(loader)=%d "
+                "(failed samples); each is made of samples this epoch delivered, decoded "
+                "again, so that the ranks step together",
+                loader.sampler.rank,
+                loader.sampler.world_size,
+                self.epoch,
+                len(loader) - received.batches,
+                len(loader),
+            )
+        self.padding_batches += 1
+        images = images[: len(positions)]
+        labels = torch.from_numpy(self.labels[self.indices[positions]])
+        return images.to(loader.device), labels.to(loader.device), positions
+
+    def load_padding(self, task: Task, out: np.ndarray) -> None:
+        """Decode a repeat for `padding_batch` (the CPU path's own decode, augment too)."""
+        loader = self.loader
+        load_into(
+            task.data or b"",
+            loader.transform,
+            sample_stream(loader.seed, self.epoch, task.stream),
+            out,
+            dtype=loader.dtype,
+            key=task.key,
+            max_pixels=loader.options.max_pixels,
+        )
 
     def failure_advice(self) -> str:
         """What a training loop hit by `PipelineFailure` can do, in the loader's terms (the
@@ -833,6 +934,9 @@ class CpuEpoch(EpochBase):
             rows.finished(placed, ok=True, run=run)
             task.out = placed
         task.data = None
+
+    def load_padding(self, task: Task, out: np.ndarray) -> None:
+        self.load(task, out)  # with the epoch's `augment`, as the first time
 
     def load(self, task: Task, out: np.ndarray) -> None:
         loader = self.loader

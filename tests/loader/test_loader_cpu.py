@@ -636,6 +636,58 @@ def test_a_rank_whose_lone_last_sample_fails_yields_as_many_batches(
     assert [f.key for f in loader.failed_samples()] == [files[last][0]] * 2
 
 
+def bad_rank_1_list(photo_dir: Path, tmp_path: Path, bad: int) -> tuple[FileList, list[int]]:
+    """The photos as a FileList whose first ``bad`` samples of rank 1's shard (2 ranks,
+    no shuffle) are corrupt files; and those samples' indices."""
+    files = [(str(p), i) for i, p in enumerate(image_files(photo_dir))]
+    shard = list(make(FileList(files), rank=1, world_size=2, shuffle=False).sampler)
+    for n, i in enumerate(shard[:bad]):
+        (tmp_path / f"bad{n}.jpg").write_bytes(b"not an image at all" * 10)
+        files[i] = (str(tmp_path / f"bad{n}.jpg"), files[i][1])
+    return FileList(files), shard[:bad]
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_with_batch_size_1_failed_samples_are_padded_with_repeats_on_each_rank(
+    photo_dir: Path, tmp_path: Path, batching: str
+) -> None:
+    # Each failed sample is a whole batch here: no batch can be cut to make up for it. The
+    # rank's epoch ended 3 batches short, and a DDP job waited in a collective for good.
+    source, bad = bad_rank_1_list(photo_dir, tmp_path, 3)
+    kw: dict[str, Any] = {"batch_size": 1, "shuffle": False, "batching": batching}
+    kw |= {"max_failures": None, "world_size": 2, "transform": EvalTransform(SIZE)}
+    loader = make(source, rank=1, **kw)
+    batches = run_epoch(loader)
+    assert len(batches) == len(loader)
+    labels = labels_of(batches)
+    good = [i for i in loader.sampler if i not in bad]
+    assert sorted(labels[: len(good)]) == sorted(good)  # the epoch: each good sample once
+    assert labels[len(good) :] == good[:3]  # then repeats of the first ones
+    first = {int(y[0]): x[0] for x, y in batches[: len(good)]}
+    for x, y in batches[len(good) :]:
+        assert torch.equal(x[0], first[int(y[0])])  # the same crop: decoded again alike
+    assert sorted(f.key for f in loader.failed_samples()) == sorted(source.key(i) for i in bad)
+    # A single process keeps exactly once: nothing waits on it.
+    alone = labels_of(run_epoch(make(source, rank=0, **{**kw, "world_size": 1})))
+    assert sorted(alone) == sorted(set(range(len(source))) - set(bad))
+
+
+def test_a_checkpoint_among_the_repeats_resumes_the_rest_of_them(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    source, _ = bad_rank_1_list(photo_dir, tmp_path, 3)
+    kw: dict[str, Any] = {"batch_size": 1, "shuffle": False, "max_failures": None}
+    loader = make(source, rank=1, world_size=2, **kw)
+    it = iter(loader)
+    taken = [next(it) for _ in range(len(loader) - 2)]  # the epoch and one repeat
+    state = loader.state_dict()
+    loader.close()
+    resumed = make(source, rank=1, world_size=2, **kw)
+    resumed.load_state_dict(state)
+    rest = run_epoch(resumed)
+    assert len(taken) + len(rest) == len(loader)
+
+
 def test_breaking_out_and_exceptions_leave_no_threads(unique_list: FileList) -> None:
     before = set(threading.enumerate())
     loader = make(unique_list, batch_size=4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from gpu_loader.cuda import standin_ports
 from gpu_loader.ops import EvalTransform, TrainTransform
 from gpu_loader.pipeline import PipelineFailure
 from gpu_loader.sources import FileList
+from tests.loader.conftest import image_files
 
 SIZE = 32
 
@@ -360,3 +362,20 @@ def test_auto_keeps_exif_orientation_false_on_the_cpu_path(unique_list: FileList
     )
     stored.device = torch.device("cuda")  # as on a machine with one
     assert not stored._gpu_decode_chosen()
+
+
+def test_a_rank_short_of_batches_is_padded_with_repeats(photo_dir: Path, tmp_path: Path) -> None:
+    # batch_size 1: each failed fetch is a batch, which no batch can be cut to make up for.
+    files = [(str(p), i) for i, p in enumerate(image_files(photo_dir))]
+    bad = list(make(FileList(files), rank=1, world_size=2, shuffle=False).sampler)[:2]
+    for n, i in enumerate(bad):
+        (tmp_path / f"bad{n}.jpg").write_bytes(b"not an image" * 20)
+        files[i] = (str(tmp_path / f"bad{n}.jpg"), files[i][1])
+    loader = make(
+        FileList(files), batch_size=1, rank=1, world_size=2, shuffle=False, max_failures=None,
+        transform=EvalTransform(SIZE),
+    )  # fmt: skip
+    labels = [int(y[0]) for _, y in loader]
+    good = [i for i in loader.sampler if i not in bad]
+    assert len(labels) == len(loader)
+    assert sorted(labels[: len(good)]) == sorted(good) and labels[len(good) :] == good[:2]
