@@ -175,11 +175,44 @@ def byte_view(buf: Buffer, key: str) -> memoryview:
     return view
 
 
+# fsspec's chained URLs: "simplecache::s3://b/k", "zip://member::s3://b/a.zip".
+_CHAINED_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::|::[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def fsspec_fs(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem and in-filesystem path for ``url`` (instances are cached by fsspec)."""
+    """The fsspec filesystem and in-filesystem path for ``url`` (instances are cached by
+    fsspec), with the path's ``.`` and ``..`` segments resolved, as the OS resolves a
+    local path's (a CSV's ``../imgs/a.jpg`` next to ``memory://lists/train.csv``).
+
+    A ``::`` that does not chain a protocol is part of a name ("x::y.jpg", which a
+    listing returns): fsspec's `url_to_fs` would split the URL there."""
+    import fsspec
     import fsspec.core
 
-    return fsspec.core.url_to_fs(url)  # type: ignore[no-any-return]
+    if "::" in url and _CHAINED_RE.search(url) is None:
+        protocol = url.partition("://")[0]
+        cls = fsspec.get_filesystem_class(protocol)
+        fs, inner = cls(**cls._get_kwargs_from_urls(url)), cls._strip_protocol(url)
+    else:
+        fs, inner = fsspec.core.url_to_fs(url)
+    return fs, _resolve_dots(inner)
+
+
+def _resolve_dots(path: str) -> str:
+    """``path`` without its ``.`` segments and with each ``..`` taking the segment before
+    it away; empty segments (``a//b``, a key some object stores allow) are kept."""
+    parts = path.split("/")
+    if "." not in parts and ".." not in parts:
+        return path
+    out: list[str] = []
+    for part in parts:
+        if part == ".":
+            continue
+        if part == ".." and out and out[-1] not in ("", ".."):
+            out.pop()
+        elif part != ".." or not out or out[-1] == "..":
+            out.append(part)
+    return "/".join(out)
 
 
 # --------------------------------------------------------------------------- whole files

@@ -141,6 +141,32 @@ def test_csv_in_memory_resolves_relative_urls(memfs: tuple[fsspec.AbstractFileSy
         index.read(1)
 
 
+def test_a_url_csv_s_dot_dot_paths_are_read_where_they_point(
+    memfs: tuple[fsspec.AbstractFileSystem, str],
+) -> None:
+    # The key "memory://.../lists/../imgs/a.jpg" went to fsspec as written, and every
+    # sample was "not found"; a local CSV's worked, the OS resolving the "..".
+    fs, base = memfs
+    jpg = image_bytes(6)
+    fs.pipe_file(f"{base}/imgs/a.jpg", jpg)
+    fs.pipe_file(f"{base}/lists/train.csv", b"path,label\n../imgs/a.jpg,0\n./../imgs/a.jpg,1\n")
+    index = FileList.from_csv(f"memory://{base}/lists/train.csv")
+    assert index.read(0) == index.read(1) == jpg
+    assert index.readinto(0, np.zeros(len(jpg), np.uint8)) == len(jpg)
+    rooted = FileList([("../imgs/a.jpg", 0)], root=f"memory://{base}/lists")
+    assert rooted.read(0) == jpg
+
+
+def test_a_url_whose_name_holds_a_double_colon_is_read(
+    memfs: tuple[fsspec.AbstractFileSystem, str],
+) -> None:
+    # fsspec reads "::" as a chain of protocols: the listed file could not be read.
+    fs, base = memfs
+    jpg = image_bytes(7)
+    fs.pipe_file(f"{base}/x::y.jpg", jpg)
+    assert FileList([(f"memory://{base}/x::y.jpg", 0)]).read(0) == jpg
+
+
 def test_fingerprint_depends_on_keys_and_labels() -> None:
     base = FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint()
     assert FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint() == base
