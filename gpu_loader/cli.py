@@ -241,7 +241,7 @@ def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
         raise CliError(f"--data {text}: no such folder or file")
     try:
         return open_index(text)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # ImportError: "Install s3fs to ..."
         raise CliError(f"--data {text}: {exc}") from None
 
 
@@ -331,6 +331,8 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(in_flags(str(exc), _MAKE_FLAGS)) from None
+    except OSError as exc:  # a folder that cannot be made or written there
+        raise CliError(f"{args.out}: cannot write the dataset there: {exc}") from None
     classes = min(args.num, args.classes)  # image i goes to class i % classes
     print(
         f"wrote {args.num} images in {classes} classes to {root} "
@@ -354,7 +356,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _positive("samples", args.samples)
     _positive("size", args.size)
     index = _open_data(args.data)
-    print(inspect_folder(index, samples=args.samples, size=args.size))
+    try:
+        print(inspect_folder(index, samples=args.samples, size=args.size))
+    except ValueError as exc:  # every image sampled failed
+        raise CliError(str(exc), code=EXIT_FAILED) from None
     return 0
 
 
@@ -370,6 +375,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     import json
 
     from gpu_loader.inspect import verify
+    from gpu_loader.monitor._progress import LINE_INTERVAL_S, is_terminal
 
     if args.threads is not None:
         _positive("threads", args.threads)
@@ -383,12 +389,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "of their own (rebuild the shards from the good keys instead)"
         )
     total, began = len(index), time.perf_counter()
+    terminal = is_terminal(sys.stderr)
+    last_line = [began]
 
     def report(done: int, bad: int) -> None:
-        print(f"\r{done + bad:,} of {total:,} checked, {bad:,} bad", end="", file=sys.stderr)
+        text = f"{done + bad:,} of {total:,} checked, {bad:,} bad"
+        if terminal:  # one line, redrawn
+            print(f"\r{text}", end="", file=sys.stderr)
+        elif time.perf_counter() - last_line[0] >= LINE_INTERVAL_S:  # a log: a line now and then
+            last_line[0] = time.perf_counter()
+            print(text, file=sys.stderr, flush=True)
 
     good, bad = verify(index, threads=args.threads, report=report)
-    print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
+    if terminal:
+        print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     took = time.perf_counter() - began
     print(f"checked {total:,} files in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     for b in bad:
@@ -424,9 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = parser if before else _subparsers(parser).get(args.command or "", parser)
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 0
+    if func is None:  # no command: argparse's usage error, as for a wrong one
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
         return func(args)
     except CliError as exc:

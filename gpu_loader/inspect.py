@@ -31,7 +31,8 @@ class StageProfile:
     threads: int
     """Worker threads."""
     items_per_s: float
-    """Items through the stage per second (successful or not)."""
+    """Items the stage finished per second; failed ones do not count (a file that fails
+    at once would pass for speed)."""
     failures: int
     """Items that raised."""
 
@@ -63,7 +64,8 @@ def time_stage(
         for _ in pipeline:
             pass
     elapsed = time.perf_counter() - start
-    return StageProfile(name, threads, len(items) / elapsed, len(pipeline.failures()))
+    failures = len(pipeline.failures())
+    return StageProfile(name, threads, (len(items) - failures) / elapsed, failures)
 
 
 def recommend(profiles: Sequence[StageProfile], tolerance: float = 0.95) -> int:
@@ -174,6 +176,11 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     read_profiles = [time_stage("read", read, items, n) for n in counts]
     readable = [i for i in items if i in blobs]
     decode_profiles = [time_stage("decode", decode, readable, n) for n in counts]
+    if len(bad) == count:  # nothing to time: the rates would be of failures
+        raise ValueError(
+            f"none of the {count} images sampled could be read and decoded, so there is "
+            f"nothing to profile{format_bad_files(index, bad, limit=5)}"
+        )
     blobs.clear()
     rate = loader_rate(index, count, size, recommend(read_profiles), recommend(decode_profiles))
     report = format_report(index, count, cpus, read_profiles, decode_profiles, rate)

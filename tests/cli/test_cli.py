@@ -155,6 +155,10 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("inspect",), "required"),
         (("bench", "--only", "nonsense"), "unknown benchmark"),
         (("frobnicate",), "invalid choice"),
+        (("verify", "--data", "oci://bucket/train"), "Install ocifs"),  # fsspec lacks its backend
+        (("demo", "--data", "oci://bucket/train"), "Install ocifs"),
+        (("make-dataset", "/proc/gpu-loader-test", "--num", "3"), "cannot write the dataset"),
+        (("make-dataset", "/dev/null/x", "--num", "3"), "cannot write the dataset"),
         (("inspect", "--data", ".", "--size", "0"), "--size must be > 0"),
         (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1)"),
         (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
@@ -173,6 +177,24 @@ def test_errors_are_one_line_without_traceback(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert needle in lines[0]
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = run(cache=tmp_path)
+    assert result.returncode == 2 and "usage: gpu-loader" in result.stderr
+
+
+def test_inspect_on_images_that_all_fail_says_so(tmp_path: Path) -> None:
+    # Failed decodes were timed as throughput: thousands of img/s, and a recommendation.
+    junk = tmp_path / "junk" / "a"
+    junk.mkdir(parents=True)
+    for i in range(4):
+        (junk / f"{i}.jpg").write_bytes(b"junk")
+    result = run("inspect", "--data", str(junk.parent), "--samples", "4", cache=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "none of the 4 images sampled could be read and decoded" in result.stderr
+    assert "0.jpg: decode: DecodeError" in result.stderr
+    assert "recommended" not in result.stdout
 
 
 def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -267,3 +289,6 @@ def test_verify_lists_bad_files_and_writes_a_clean_list(tiny: Path, tmp_path: Pa
     assert len(clean) == 40
     again = run("verify", "--data", str(good_list), cache=tmp_path)
     assert again.returncode == 0 and "40 good, 0 bad" in again.stdout
+    # Off a terminal (a CI or cluster log) the progress is lines, not a bar's redraws:
+    # it was one line of "\r"-joined counts.
+    assert "\r" not in result.stderr + again.stderr
