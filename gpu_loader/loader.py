@@ -1028,7 +1028,11 @@ _DATALOADER_ARGS = {
     "generator": "use seed=",
     "worker_init_fn": "not needed (there are no worker processes)",
     "multiprocessing_context": "not needed (there are no worker processes)",
-    "timeout": "not supported (a sample that fails is reported: on_error, max_failures)",
+    "timeout": (
+        "not supported: a sample whose read raises is reported (on_error, max_failures), "
+        "but one whose read never returns holds the epoch's end until it does; "
+        "batching='straggler' keeps the other samples moving meanwhile"
+    ),
     "in_order": "use batching='ordered' (the default) or 'straggler'",
 }
 
