@@ -73,6 +73,9 @@ IDLE_TICK_S = 0.05
 # pipeline for at most JOIN_TIMEOUT_S).
 CLOSE_WAIT_S = 3 * JOIN_TIMEOUT_S
 THREAD_PREFIX = "gpu_loader-"  # every thread the loader starts is named so
+# After a `batch_timeout_s` the epoch's threads are joined this long: the one the batch
+# waited for is likely stuck, and is left to end with the process (a daemon thread).
+TIMED_OUT_JOIN_S = 1.0
 """How often the batcher thread checks for failures while no sample completes."""
 
 
@@ -256,6 +259,10 @@ class EpochBase:
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
         self.padding_batches = 0  # `padding_batch`es made by this pass
+        self.wait_deadline: float | None = None  # `check_wait`'s, for the current next()
+        self.join_s = JOIN_TIMEOUT_S
+        """How long `shutdown` waits for each pipeline's threads (shorter once a wait
+        timed out: a thread stuck in a read would hold the error back that long)."""
         self.padding_tries = 0  # delivered samples it has tried to repeat
         self.close_lock = threading.Lock()
         self._close_done = InterruptSafeEvent()  # the first closer has handed over
@@ -521,6 +528,8 @@ class EpochBase:
                             in_wait = True
                             monitor.wait_started()
                         try:
+                            if (timeout := loader.options.batch_timeout_s) is not None:
+                                self.wait_deadline = time.monotonic() + timeout
                             produced = None if ended else self.next_batch()
                         except Exception as exc:
                             self.check_not_stopped()  # a stopped epoch's own error is noise
@@ -602,6 +611,27 @@ class EpochBase:
                     progress.close(loader.stats())
             finally:
                 self.close()  # whatever the reporting did: join the threads, hand over
+
+    def check_wait(self) -> None:
+        """Raise `TimeoutError` once the training loop has waited past its
+        ``batch_timeout_s`` for this batch (the paths call it as they wait)."""
+        if self.wait_deadline is None or time.monotonic() < self.wait_deadline:
+            return
+        timeout = self.loader.options.batch_timeout_s
+        self.join_s = TIMED_OUT_JOIN_S
+        waiting = [
+            self.loader.source.key(int(self.indices[p])) for p in self.batcher.running(limit=4)
+        ]
+        raise TimeoutError(
+            f"no batch came within batch_timeout_s={timeout:g} s; "
+            + (
+                f"the next one waits for {', '.join(waiting)}"
+                if waiting
+                else "no sample is running"
+            )
+            + " (a read or decode that does not return?). The epoch stopped: state_dict() "
+            "resumes it"
+        )
 
     def padding_batch(self) -> Formed | None:
         """In a distributed run, a batch of repeated samples while this rank's epoch,
@@ -1103,7 +1133,10 @@ class CpuEpoch(EpochBase):
                 target=self.form, args=(stream,), name="gpu_loader-batcher", daemon=True
             )
             self.former.start()
-            yield
+            try:
+                yield
+            finally:  # the join `join_s` allows (the `with`'s own close then finds it done)
+                self.pipeline.close(self.join_s)
 
     def form(self, stream: Iterator[Any]) -> None:
         """The batcher thread: feed completions to the batcher, assemble what it emits.
@@ -1207,6 +1240,7 @@ class CpuEpoch(EpochBase):
                 # KeyboardInterrupt, not one chained to a queue.Empty.
                 item = _get(formed, 0.005)
                 if item is _EMPTY:
+                    self.check_wait()
                     if self.former is None or not self.former.is_alive():
                         if not formed.empty():
                             continue
@@ -1273,7 +1307,7 @@ class CpuEpoch(EpochBase):
         return dataclasses.replace(stats, stages=stages)
 
     def shutdown(self) -> None:
-        self.pipeline.close()
+        self.pipeline.close(self.join_s)
         if self.former is not None:
             # The pipeline is closed, so its stream ends and the thread returns at once.
             join_started(self.former)

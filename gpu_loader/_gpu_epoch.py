@@ -24,7 +24,7 @@ from gpu_loader._epoch import IDLE_TICK_S, EpochBase, Task, as_failed, run_key, 
 from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
-from gpu_loader.pipeline import OutputOrder, PipelineBuilder
+from gpu_loader.pipeline import IDLE, OutputOrder, PipelineBuilder
 from gpu_loader.pipeline._errors import MAX_CAUSES, limit_failure, rate_passed
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class GpuEpoch(EpochBase):
         )
         self.feeds(self.fetch_pipeline)
         self.feeds(self.decode_pipeline)
-        self.stream: Iterator[GpuBatch] | None = None
+        self.stream: Iterator[Any] | None = None  # GpuBatch, or IDLE
 
     # -- the decode pipeline's source thread: the batcher ------------------------------
     def formed_batches(self) -> Iterator[list[FetchedSample]]:
@@ -156,13 +156,21 @@ class GpuEpoch(EpochBase):
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         with self.decode_pipeline:
-            self.stream = iter(self.decode_pipeline)
-            yield
+            # Idle ticks while nothing comes, so a wait can be timed (`check_wait`).
+            self.stream = self.decode_pipeline.iterate(idle_s=IDLE_TICK_S)
+            try:
+                yield
+            finally:  # the join `join_s` allows (the `with`'s own close then finds it done)
+                self.fetch_pipeline.close(self.join_s)
+                self.decode_pipeline.close(self.join_s)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
         assert self.stream is not None, "running() starts the pipelines first"
         while True:
             batch = next(self.stream, None)
+            if batch is IDLE:
+                self.check_wait()
+                continue
             if batch is None:
                 self.check_failure_budget(final=True)
                 return None
@@ -225,8 +233,8 @@ class GpuEpoch(EpochBase):
 
     def shutdown(self) -> None:
         # The fetch pipeline first: the decode pipeline's source thread iterates it.
-        self.fetch_pipeline.close()
-        self.decode_pipeline.close()
+        self.fetch_pipeline.close(self.join_s)
+        self.decode_pipeline.close(self.join_s)
         self.workers.reclaim()  # the workers that joined: their states can serve again
         if self.fetch_pipeline.threads or self.decode_pipeline.threads:
             # A thread that would not stop in the join timeout (a read hung on remote

@@ -94,6 +94,12 @@ class LoaderOptions:
     files of a block one after another). The GPU path runs one sample per call."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
+    batch_timeout_s: float | None = None
+    """Seconds one ``next()`` may wait for its batch before it raises `TimeoutError`
+    naming the samples it waits for (DataLoader's ``timeout``); None: as long as it takes.
+    A read that never returns (a hung remote store) otherwise holds the epoch for good.
+    The epoch stops, and its ``state_dict()`` resumes it. The first batch's wait includes
+    the epoch's start-up."""
     pin_memory: bool | None = None
     """Pin the CPU path's batch tensors, so copies to a GPU are faster and asynchronous.
     Default (None): yes when the device is CUDA. With ``device="cpu"``, True pins them for
@@ -156,6 +162,8 @@ class LoaderOptions:
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
             raise TypeError(f"`pin_memory` must be True, False or None, got {self.pin_memory!r}")
         check_interval("log_interval_s", self.log_interval_s)
+        if self.batch_timeout_s is not None:
+            check_interval("batch_timeout_s", self.batch_timeout_s)
         if self.log_jsonl is not None:
             folder = os.path.dirname(os.path.abspath(os.fspath(self.log_jsonl)))
             if not os.path.isdir(folder):
@@ -1028,11 +1036,7 @@ _DATALOADER_ARGS = {
     "generator": "use seed=",
     "worker_init_fn": "not needed (there are no worker processes)",
     "multiprocessing_context": "not needed (there are no worker processes)",
-    "timeout": (
-        "not supported: a sample whose read raises is reported (on_error, max_failures), "
-        "but one whose read never returns holds the epoch's end until it does; "
-        "batching='straggler' keeps the other samples moving meanwhile"
-    ),
+    "timeout": "use LoaderOptions(batch_timeout_s=seconds) (None: wait as long as it takes)",
     "in_order": "use batching='ordered' (the default) or 'straggler'",
 }
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from gpu_loader.batching._ledger import READY, Ledger
+from gpu_loader.batching._ledger import READY, STARTED, Ledger
 from gpu_loader.batching._plan import Batch, BatcherStats, BatchPlan
 
 T = TypeVar("T")
@@ -169,6 +169,17 @@ class BatcherBase(Generic[T]):
         with self._lock:
             self._emitted = self._ledger.load_state(state, self.mode)
             self._on_loaded()
+
+    def running(self, limit: int) -> list[int]:
+        """The smallest positions started and not completed, at most ``limit`` of them:
+        what the next batch waits for."""
+        with self._lock:
+            status, found = self._ledger.status, list[int]()
+            at = status.find(STARTED, self._ledger.low())
+            while at != -1 and len(found) < limit:
+                found.append(at)
+                at = status.find(STARTED, at + 1)
+            return found
 
     def remaining_positions(self) -> list[int]:
         """Positions never started this epoch, ascending (after a resume: what is left)."""

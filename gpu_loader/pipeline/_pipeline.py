@@ -20,7 +20,7 @@ from ._channel import EOS, POLL_S, WAKE, Channel
 from ._defs import IDLE
 from ._errors import FailureRecord
 from ._pipe_stage import PipeStage
-from ._runtime import Runtime, logger
+from ._runtime import JOIN_TIMEOUT_S, Runtime, logger
 from ._stage import Stage
 from ._stats import PipelineStats, WorkerCounters, find_bottleneck
 
@@ -50,13 +50,13 @@ class _Core:
         for stage in self.stages:
             stage.start(self.rt)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = JOIN_TIMEOUT_S) -> None:
         for wake in list(self.on_close):  # before the join: it may be what ends a wait
             try:
                 wake()
             except Exception:
                 logger.exception("pipeline %s: an on_close callback raised", self.rt.name)
-        self.rt.shutdown()
+        self.rt.shutdown(timeout)
 
     def stats(self) -> PipelineStats:
         stages = tuple(stage.stats() for stage in self.stages)
@@ -144,13 +144,15 @@ class Pipeline:
             raise
         return self
 
-    def close(self) -> None:
-        """Stop and join every thread (idempotent; safe from any thread)."""
+    def close(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Stop and join every thread, each for at most ``timeout`` seconds together
+        (a thread still running then is left to end with the process: an op that does not
+        return); idempotent, safe from any thread."""
         with self._lock:
             self._state = "closed"
         # Not just `self._finalizer()`: a second caller must also wait for the join.
         self._finalizer.detach()
-        self._core.shutdown()
+        self._core.shutdown(timeout)
 
     def on_close(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` whenever the pipeline closes (`close`, a failed `start`, the

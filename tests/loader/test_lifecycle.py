@@ -92,6 +92,12 @@ class GatedFirstRead:
             self.gate.wait(30)
         return self.inner.read(i)
 
+    def readinto(self, i: int, buf: Any) -> int:  # the GPU path's fetch
+        if i == 0:
+            self.waiting.set()
+            self.gate.wait(30)
+        return self.inner.readinto(i, buf)
+
 
 def test_iterating_from_a_second_thread_while_one_is_in_next_says_so(
     unique_list: FileList,
@@ -153,6 +159,37 @@ def test_a_second_close_waits_for_the_close_in_progress(unique_list: FileList) -
     assert not first.is_alive() and not consumer.is_alive()
     assert len(outcome) == 1 and "close() was called" in str(outcome[0])
     assert not [t.name for t in threading.enumerate() if "pipeline" in t.name]
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+def test_a_read_that_does_not_return_times_out_naming_it_and_resumes(
+    unique_list: FileList, path: str
+) -> None:
+    # DataLoader's `timeout`: a hung remote read held the training loop for good.
+    from gpu_loader.cuda import standin_ports
+
+    source = GatedFirstRead(unique_list)
+    options = gl.LoaderOptions(batch_timeout_s=0.5, monitor_gpu=False)
+    if path == "gpu":
+        options = gl.LoaderOptions(
+            batch_timeout_s=0.5, decode_on="gpu", gpu_ports=standin_ports(), monitor_gpu=False
+        )
+    loader = make(source, options=options)
+    it = iter(loader)
+    began = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"batch_timeout_s=0\.5 s") as caught:
+            next(it)
+        took = time.monotonic() - began
+        assert 0.5 <= took < 5.0, took
+        assert unique_list.key(0) in str(caught.value)  # the sample it waits for
+        state = loader.state_dict()
+    finally:
+        source.gate.set()
+    resumed = make(unique_list, options=options)
+    resumed.load_state_dict(state)
+    labels = sorted(int(v) for _, y in resumed for v in y)
+    assert labels == list(range(len(unique_list)))
 
 
 def test_a_restarted_epoch_lists_each_bad_file_once(bad_list: tuple[FileList, set[str]]) -> None:

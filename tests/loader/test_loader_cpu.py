@@ -1115,7 +1115,7 @@ def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList)
         make(unique_list, num_workers=4)
     with pytest.raises(TypeError, match=r"no `collate_fn` .*; no `pin_memory` .*pin_memory=True"):
         make(unique_list, collate_fn=None, pin_memory=True)
-    with pytest.raises(TypeError, match=r"no `timeout` .*never returns holds the epoch's end"):
+    with pytest.raises(TypeError, match=r"no `timeout` .*LoaderOptions\(batch_timeout_s="):
         make(unique_list, timeout=30)
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
         make(unique_list, batchsize=8)
