@@ -164,7 +164,18 @@ def test_a_url_whose_name_holds_a_double_colon_is_read(
     fs, base = memfs
     jpg = image_bytes(7)
     fs.pipe_file(f"{base}/x::y.jpg", jpg)
-    assert FileList([(f"memory://{base}/x::y.jpg", 0)]).read(0) == jpg
+    assert FileList([(f"memory://{base}/x::y.jpg", 0)]).read(0) == jpg  # memory:///t-...
+    assert FileList([(f"memory://{base.lstrip('/')}/x::y.jpg", 0)]).read(0) == jpg
+
+
+def test_a_chained_url_is_a_url(memfs: tuple[fsspec.AbstractFileSystem, str]) -> None:
+    # "simplecache::memory://..." was taken for a local path: "not found".
+    fs, base = memfs
+    jpg = image_bytes(8)
+    fs.pipe_file(f"{base}/imgs/a.jpg", jpg)
+    fs.pipe_file(f"{base}/lists/train.csv", b"path,label\n../imgs/a.jpg,0\n")
+    assert FileList([(f"simplecache::memory://{base}/imgs/a.jpg", 0)]).read(0) == jpg
+    assert FileList.from_csv(f"simplecache::memory://{base}/lists/train.csv").read(0) == jpg
 
 
 def test_fingerprint_depends_on_keys_and_labels() -> None:
