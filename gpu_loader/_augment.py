@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_loader._threads import loader_thread
 from gpu_loader.ops import load_into
 from gpu_loader.ops._transform import cast_into, normalize_uint8_into
 from gpu_loader.pipeline._errors import add_note
@@ -124,8 +125,8 @@ def _omp_set_num_threads() -> Callable[[int], None] | None:
 
 
 def single_torch_thread() -> None:
-    """Run this thread's torch ops on one intra-op thread; the rest of the process keeps
-    its `torch.get_num_threads()`. Once per thread.
+    """Run this thread's torch ops on one intra-op thread, if it is one of the loader's;
+    the rest of the process keeps its `torch.get_num_threads()`. Once per thread.
 
     ``torch.set_num_threads`` is process-wide (every thread's first op copies it), and
     OpenMP's team size is a per-thread setting: so torch's own set-up for this thread
@@ -133,8 +134,8 @@ def single_torch_thread() -> None:
     On 2 cores, two threads running a jitter on 224 px float images took 1.6-3.8x the
     time with torch's default of one OpenMP thread per core.
     """
-    if getattr(_this_thread, "single", False):
-        return
+    if getattr(_this_thread, "single", False) or not loader_thread():
+        return  # not the training loop's thread (a padding batch's repeats decode there)
     _this_thread.single = True
     import torch
 

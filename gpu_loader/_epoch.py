@@ -30,7 +30,12 @@ from gpu_loader._augment import load_augmented, raised_by_augment
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
 from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
-from gpu_loader._threads import InterruptSafeEvent, interrupt_main_after, join_started
+from gpu_loader._threads import (
+    InterruptSafeEvent,
+    interrupt_main_after,
+    join_started,
+    loader_thread,
+)
 from gpu_loader.batching import (
     AdaptiveThreshold,
     Batch,
@@ -72,7 +77,6 @@ IDLE_TICK_S = 0.05
 # A second close() waits this long at most for the one in progress (which joins each
 # pipeline for at most JOIN_TIMEOUT_S).
 CLOSE_WAIT_S = 3 * JOIN_TIMEOUT_S
-THREAD_PREFIX = "gpu_loader-"  # every thread the loader starts is named so
 # After a `batch_timeout_s` the epoch's threads are joined this long: the one the batch
 # waited for is likely stuck, and is left to end with the process (a daemon thread).
 TIMED_OUT_JOIN_S = 1.0
@@ -259,11 +263,12 @@ class EpochBase:
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
         self.padding_batches = 0  # `padding_batch`es made by this pass
+        self.padding_next = 0  # where in the delivered samples the next repeat comes from
+        self.padding_failed: set[int] = set()  # positions that failed to repeat
         self.wait_deadline: float | None = None  # `check_wait`'s, for the current next()
         self.join_s = JOIN_TIMEOUT_S
         """How long `shutdown` waits for each pipeline's threads (shorter once a wait
         timed out: a thread stuck in a read would hold the error back that long)."""
-        self.padding_tries = 0  # delivered samples it has tried to repeat
         self.close_lock = threading.Lock()
         self._close_done = InterruptSafeEvent()  # the first closer has handed over
         self._closer: int | None = None  # that closer's thread
@@ -642,25 +647,28 @@ class EpochBase:
         (`OrderedBatcher`, `StragglerBatcher`), but cannot when too few samples are left
         (batch_size 1: every failed sample is a batch). So, as `DistributedSampler` pads
         a shard, samples delivered this epoch are decoded again, with the same crop,
-        in the training loop's thread: ascending positions, as many as a batch holds.
+        in the training loop's thread: ascending positions, as many as a batch holds,
+        round and round. A rank with none to repeat raises: ending short would hang.
         """
         loader, received = self.loader, self.received
         if loader.sampler.world_size <= 1 or received.batches >= len(loader):
             return None
         delivered = received.delivered_positions()
-        if delivered.size == 0:  # nothing this rank could repeat
-            return None
         import torch
 
         size = min(loader.batch_size, int(delivered.size))
         out_h, out_w = loader.transform.output_size
         images = torch.empty((size, 3, out_h, out_w), dtype=getattr(torch, loader.dtype))
         rows, positions = as_numpy(images), list[int]()
-        # Each delivered sample is tried once at most: one that fails now (its file gone
-        # since) is passed over, as samples that fail are in the epoch.
-        while len(positions) < size and self.padding_tries < delivered.size:
-            position = int(delivered[self.padding_tries % delivered.size])
-            self.padding_tries += 1
+        # Round and round the delivered samples, as many batches as it takes; one that
+        # fails now (its file gone since) is passed over from then on.
+        for _ in range(delivered.size):
+            if len(positions) == size:
+                break
+            position = int(delivered[self.padding_next % delivered.size])
+            self.padding_next += 1
+            if position in self.padding_failed:
+                continue
             index = int(self.indices[position])
             key = loader.source.key(index)
             task = Task(position, index, key, stream=self.stream_of(position, index))
@@ -669,10 +677,18 @@ class EpochBase:
                 self.load_padding(task, rows[len(positions)])
             except Exception as exc:
                 logger.warning("a repeat to pad the epoch failed: %s: %s", key, exc)
+                self.padding_failed.add(position)
                 continue
             positions.append(position)
-        if not positions:
-            return None
+        if not positions:  # ending short would leave the other ranks waiting for good
+            raise RuntimeError(
+                f"rank {loader.sampler.rank} of {loader.sampler.world_size}: epoch "
+                f"{self.epoch} is {len(loader) - received.batches} batch(es) short of "
+                f"len(loader)={len(loader)}, and none of the {delivered.size} samples it "
+                "delivered could be decoded again to make them up (every sample of its "
+                "shard failed?): the other ranks would wait for them for good. "
+                "loader.failed_samples() lists the failures"
+            )
         if self.padding_batches == 0:
             logger.warning(
                 "rank %d of %d: epoch %d came out %d batch(es) short of len(loader)=%d "
@@ -798,8 +814,7 @@ class EpochBase:
             # loader's close() then frees the GPU decoders those threads use). Not the
             # closer itself (a Ctrl-C's second close), nor one of the loader's threads
             # (a finalizer run there: the closer may be joining it), nor at exit.
-            own = threading.current_thread().name.startswith(THREAD_PREFIX)
-            if me != self._closer and not own and not sys.is_finalizing():
+            if me != self._closer and not loader_thread() and not sys.is_finalizing():
                 self._close_done.wait(CLOSE_WAIT_S)
             return
         try:

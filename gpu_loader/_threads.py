@@ -13,6 +13,14 @@ import time
 from collections.abc import Iterator
 from types import FrameType
 
+THREAD_PREFIX = "gpu_loader-"
+"""Every thread the loader starts is named with it (the engine's, the batcher, samplers)."""
+
+
+def loader_thread() -> bool:
+    """Whether the calling thread is one the loader started."""
+    return threading.current_thread().name.startswith(THREAD_PREFIX)
+
 
 def join_started(thread: threading.Thread, timeout: float | None = None) -> None:
     """``thread.join(timeout)``, or nothing for a thread that never started.

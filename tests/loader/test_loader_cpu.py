@@ -672,6 +672,50 @@ def test_with_batch_size_1_failed_samples_are_padded_with_repeats_on_each_rank(
     assert sorted(alone) == sorted(set(range(len(source))) - set(bad))
 
 
+def test_repeats_go_round_the_delivered_samples_as_often_as_it_takes(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # More bad files than good on a rank: the padding tried each good sample once and
+    # stopped, short, and the ranks hung (QA).
+    every, bad = bad_rank_1_list(photo_dir, tmp_path, 4)
+    source = FileList([(every.key(i), i) for i in range(14)])  # 7 a rank, 4 of rank 1's bad
+    kw: dict[str, Any] = {"batch_size": 1, "shuffle": False, "max_failures": None}
+    loader = make(source, rank=1, world_size=2, transform=EvalTransform(SIZE), **kw)
+    assert len(loader) == 7
+    labels = labels_of(run_epoch(loader))
+    good = [i for i in loader.sampler if i not in bad]
+    assert len(good) == 3 and labels == [*good, *good, good[0]]
+
+
+def test_a_rank_with_nothing_to_repeat_says_so_instead_of_ending_short(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    source, bad = bad_rank_1_list(photo_dir, tmp_path, 24)  # all of rank 1's shard
+    loader = make(source, rank=1, world_size=2, batch_size=4, shuffle=False, max_failures=None)
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2: epoch 0 is 6 batch\(es\) short"):
+        run_epoch(loader)
+    assert len(loader.failed_samples()) == len(bad) == 24
+
+
+def test_repeats_with_augment_leave_the_training_thread_s_torch_width(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # A repeat decodes in the training loop's thread: it set that thread's torch ops to
+    # one core for good (augment's one intra-op thread is for the loader's threads).
+    source, _ = bad_rank_1_list(photo_dir, tmp_path, 2)
+    width = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        loader = make(
+            source, rank=1, world_size=2, batch_size=1, shuffle=False, max_failures=None,
+            augment=lambda image, generator: image,
+        )  # fmt: skip
+        assert len(run_epoch(loader)) == len(loader)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(width)
+
+
 def test_a_checkpoint_among_the_repeats_resumes_the_rest_of_them(
     photo_dir: Path, tmp_path: Path
 ) -> None:
