@@ -400,7 +400,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             last_line[0] = time.perf_counter()
             print(text, file=sys.stderr, flush=True)
 
-    good, bad = verify(index, threads=args.threads, report=report)
+    try:
+        good, bad = verify(index, threads=args.threads, report=report)
+    except ImportError as exc:  # before any --good-list is written: it would be empty
+        raise CliError(str(exc)) from None
     if terminal:
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     took = time.perf_counter() - began

@@ -269,7 +269,8 @@ def verify(
     """Read and fully decode every sample of ``index`` (the whole image at full size, with
     the CPU decoders: stricter than a training transform, which may decode a region at
     reduced size); returns the good indices and the bad files, both in source order.
-    ``report(done, bad)`` is called about once a second."""
+    ``report(done, bad)`` is called about once a second. Raises ImportError when a read
+    needed a library that is missing (an fsspec backend): that says nothing of the file."""
     from gpu_loader.ops import decode
     from gpu_loader.pipeline import PipelineBuilder
 
@@ -305,6 +306,11 @@ def verify(
                 last = time.perf_counter()
                 report(len(good), len(pipeline.failures()))
         records = pipeline.failures()
+    for r in sorted(
+        records, key=lambda r: int(r.key)
+    ):  # a missing fsspec backend: no file was checked
+        if isinstance(r.error, ImportError):
+            raise ImportError(f"{index.key(int(r.key))}: {r.error}") from r.error
     bad = [BadFile(int(r.key), index.key(int(r.key)), r.stage, r.error_text) for r in records]
     bad.sort(key=lambda b: b.index)
     return sorted(good), bad

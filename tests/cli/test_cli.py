@@ -179,6 +179,18 @@ def test_errors_are_one_line_without_traceback(
     assert needle in lines[0]
 
 
+def test_verify_of_a_list_whose_backend_is_missing_writes_no_empty_clean_list(
+    tmp_path: Path,
+) -> None:
+    # Every row failed with "Install ocifs ...", and --good-list got a header alone.
+    listing, good = tmp_path / "urls.csv", tmp_path / "good.csv"
+    listing.write_text("path,label\noci://bucket/a.jpg,0\noci://bucket/b.jpg,1\n")
+    result = run("verify", "--data", str(listing), "--good-list", str(good), cache=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "oci://bucket/a.jpg" in result.stderr and "Install ocifs" in result.stderr
+    assert not good.exists()
+
+
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
     result = run(cache=tmp_path)
     assert result.returncode == 2 and "usage: gpu-loader" in result.stderr
