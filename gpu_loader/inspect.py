@@ -306,9 +306,8 @@ def verify(
                 last = time.perf_counter()
                 report(len(good), len(pipeline.failures()))
         records = pipeline.failures()
-    for r in sorted(
-        records, key=lambda r: int(r.key)
-    ):  # a missing fsspec backend: no file was checked
+    # A missing fsspec backend ("Install s3fs ..."): no file was checked.
+    for r in sorted(records, key=lambda r: int(r.key)):
         if isinstance(r.error, ImportError):
             raise ImportError(f"{index.key(int(r.key))}: {r.error}") from r.error
     bad = [BadFile(int(r.key), index.key(int(r.key)), r.stage, r.error_text) for r in records]
