@@ -198,14 +198,19 @@ class Received:
 
 def make_batcher(loader: ImageLoader, n: int) -> OrderedBatcher[Any] | StragglerBatcher[Any]:
     """The loader's batcher for an epoch of ``n`` positions."""
+    # The waits at an epoch's end that keep the batch count (each batcher's docstring)
+    # are for distributed runs, whose ranks must step together; one process goes on.
+    distributed = loader.sampler.world_size > 1
     if loader.batching == "straggler":
         return StragglerBatcher(
             loader.batch_size,
             n,
             max_delay_batches=loader.options.max_delay_batches,
             drop_last=loader.drop_last,
+            wait_for_last=distributed,
         )
-    return OrderedBatcher(loader.batch_size, n, drop_last=loader.drop_last, window=loader._window())
+    window = loader._window() if distributed else None
+    return OrderedBatcher(loader.batch_size, n, drop_last=loader.drop_last, window=window)
 
 
 class EpochBase:

@@ -38,6 +38,8 @@ class StragglerBatcher(BatcherBase[T]):
       before the last waits while every sample left for the last one is still running,
       until one of them completes: should they all fail, it is cut in two instead (where
       the lateness bound allows: not with ``D = 0``, whose samples are all due).
+      ``wait_for_last=False`` leaves that wait out (the loader does, for a single
+      process, where the count matters less than the epoch's end).
     * ``drop_last=True`` drops the nominal short last batch, as in ordered mode: positions
       ``>= n - n % B`` are not part of the epoch (reported in ``stats().dropped``, not
       failed; the loader must not start them). The set of delivered samples is thus the
@@ -59,12 +61,14 @@ class StragglerBatcher(BatcherBase[T]):
         *,
         max_delay_batches: int = 2,
         drop_last: bool = False,
+        wait_for_last: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
             batch_size, num_positions, drop_last, check_delay(max_delay_batches), clock
         )
         self._heap: list[int] = []  # ready positions, smallest first
+        self._wait_for_last = wait_for_last  # `_last_has_none_ready`'s wait, when True
 
     @property
     def max_delay_batches(self) -> int:
@@ -141,7 +145,8 @@ class StragglerBatcher(BatcherBase[T]):
         (or all have failed, and the count is kept by cutting this one)."""
         ledger = self._ledger
         return (
-            self._max_delay > 0  # else all of this batch is due now: no cut could help
+            self._wait_for_last
+            and self._max_delay > 0  # else all of this batch is due now: no cut could help
             and self.plan.num_batches - self._emitted == 2
             and len(self._heap) <= size  # every ready sample would go now
             and ledger.started == len(ledger.status)  # the tail: none left to start

@@ -93,6 +93,18 @@ def test_a_last_sample_that_fails_after_the_others_does_not_cost_a_batch(delay: 
     assert batcher.stats().overdue == 0
 
 
+def test_without_wait_for_last_the_batch_before_the_last_goes_at_once() -> None:
+    # A single process: a batch fewer harms nothing, a wait at the epoch's end would.
+    batcher: StragglerBatcher[int] = StragglerBatcher(
+        4, 9, max_delay_batches=2, wait_for_last=False
+    )
+    for p in range(9):
+        batcher.started(p)
+    for p in range(8):
+        batcher.push(p, p)
+    assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
 def test_the_batch_before_the_last_waits_only_for_the_first_of_the_last_s_samples() -> None:
     batcher: StragglerBatcher[int] = StragglerBatcher(4, 11, max_delay_batches=2)
     for p in range(11):
