@@ -267,6 +267,11 @@ class EpochBase:
         self.failed_positions: collections.deque[int] = collections.deque()
         self.labels = np.asarray(loader.source.labels, dtype=np.int64)
         self._closed = False
+        # One sample's decode + transform on the CPU (`load`): `load_into`, or with an
+        # `augment` function `load_augmented` (chosen once per epoch, not per sample).
+        self.load_sample: Callable[..., object] = load_into
+        if loader.augment is not None:
+            self.load_sample = functools.partial(load_augmented, loader.augment)
         self.padding_batches = 0  # `padding_batch`es made by this pass
         self.padding_next = 0  # where in the delivered samples the next repeat comes from
         self.padding_failed: set[int] = set()  # positions that failed to repeat
@@ -679,7 +684,7 @@ class EpochBase:
             task = Task(position, index, key, stream=self.stream_of(position, index))
             try:
                 task.data = bytes(loader.source.read(index))
-                self.load_padding(task, rows[len(positions)])
+                self.load(task, rows[len(positions)])  # with `augment`, as the first time
             except Exception as exc:
                 logger.warning("a repeat to pad the epoch failed: %s: %s", key, exc)
                 self.padding_failed.add(position)
@@ -710,10 +715,11 @@ class EpochBase:
         labels = torch.from_numpy(self.labels[self.indices[positions]])
         return images.to(loader.device), labels.to(loader.device), positions
 
-    def load_padding(self, task: Task, out: np.ndarray) -> None:
-        """Decode a repeat for `padding_batch` (the CPU path's own decode, augment too)."""
+    def load(self, task: Task, out: np.ndarray) -> None:
+        """Decode and transform ``task`` into ``out`` on the CPU (`load_sample`): the CPU
+        path's every sample, and `padding_batch`'s repeats on either path."""
         loader = self.loader
-        load_into(
+        self.load_sample(
             task.data or b"",
             loader.transform,
             sample_stream(loader.seed, self.epoch, task.stream),
@@ -860,11 +866,6 @@ class CpuEpoch(EpochBase):
         # a numpy view adds no reference to the storage, which `BatchPool` counts).
         self.buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.buffers_lock = threading.Lock()
-        # One sample's decode + transform: `load_into`, or with an `augment` function
-        # `load_augmented` (chosen once per epoch, not per sample).
-        self.load_sample: Callable[..., object] = load_into
-        if loader.augment is not None:
-            self.load_sample = functools.partial(load_augmented, loader.augment)
         # Straggler mode: samples decode into their nominal batch's rows; a batch is built
         # on one of those tensors, copying in only the samples that moved.
         self.rows: StragglerRows | None = None
@@ -984,21 +985,6 @@ class CpuEpoch(EpochBase):
             rows.finished(placed, ok=True, run=run)
             task.out = placed
         task.data = None
-
-    def load_padding(self, task: Task, out: np.ndarray) -> None:
-        self.load(task, out)  # with the epoch's `augment`, as the first time
-
-    def load(self, task: Task, out: np.ndarray) -> None:
-        loader = self.loader
-        self.load_sample(
-            task.data or b"",
-            loader.transform,
-            sample_stream(loader.seed, self.epoch, task.stream),
-            out,
-            dtype=loader.dtype,
-            key=task.key,
-            max_pixels=loader.options.max_pixels,
-        )
 
     # Runs (see `__init__`): each sample that fails is recorded and left
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
