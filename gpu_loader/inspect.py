@@ -37,6 +37,10 @@ class StageProfile:
     """Items that raised."""
 
 
+FEW_GOOD = 16
+"""Below this many good images, `inspect_folder`'s rates are said to be rough."""
+
+
 def thread_counts(cpus: int) -> list[int]:
     """1, 2, 4, ... up to twice the CPU count (at least up to 4)."""
     counts, n = [], 1
@@ -184,6 +188,11 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     blobs.clear()
     rate = loader_rate(index, count, size, recommend(read_profiles), recommend(decode_profiles))
     report = format_report(index, count, cpus, read_profiles, decode_profiles, rate)
+    if (decoded := count - len(bad)) < FEW_GOOD:
+        report += (
+            f"\nnote: only {decoded} of the {count} images sampled decoded; rates from so "
+            "few are rough (clean the data, or sample more with --samples)"
+        )
     return report + format_bad_files(index, bad)
 
 

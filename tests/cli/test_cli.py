@@ -209,6 +209,17 @@ def test_inspect_on_images_that_all_fail_says_so(tmp_path: Path) -> None:
     assert "recommended" not in result.stdout
 
 
+def test_inspect_on_mostly_bad_images_says_its_rates_are_rough(tiny: Path, tmp_path: Path) -> None:
+    junk = tmp_path / "junk" / "a"
+    junk.mkdir(parents=True)
+    for i in range(4):
+        (junk / f"{i}.jpg").write_bytes(b"junk")
+    (junk / "good.jpg").write_bytes(next(iter(sorted(tiny.rglob("*.jpg")))).read_bytes())
+    result = run("inspect", "--data", str(junk.parent), "--samples", "5", cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "note: only 1 of the 5 images sampled decoded" in result.stdout
+
+
 def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
