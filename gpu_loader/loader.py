@@ -994,11 +994,13 @@ class ImageLoader:
         if not latest:
             return  # closed late (an abandoned pass): the monitor is the newer pass's now
         # No thread outlives an epoch: the samplers and the logger start again with the next.
-        if self._logger is not None:
-            self._logger.close()
-            self._logger = None
-        if self._monitor is not None:
-            self._monitor.suspend()
+        logger, self._logger = self._logger, None
+        try:
+            if logger is not None:
+                logger.close()
+        finally:  # whatever closing the log raised, the monitor's clock stops
+            if self._monitor is not None:
+                self._monitor.suspend()
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True

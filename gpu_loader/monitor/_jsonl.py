@@ -84,5 +84,9 @@ class JsonlLogger(PeriodicThread):
                 _log.warning("final stats line not written: %s: %s", type(exc).__name__, exc)
         with self._write_lock:
             self._file_closed = True
-            if self._file is not None:
-                self._file.close()
+            file, self._file = self._file, None
+            if file is not None:
+                try:
+                    file.close()  # flushes what a failed write left in its buffer
+                except OSError as exc:  # a full disk: training goes on without the lines
+                    _log.warning("stats log %s not closed cleanly: %s", self.path, exc)

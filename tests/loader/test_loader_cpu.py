@@ -732,6 +732,19 @@ def test_a_checkpoint_among_the_repeats_resumes_the_rest_of_them(
     assert len(taken) + len(rest) == len(loader)
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
+def test_a_full_disk_under_the_stats_log_does_not_stop_training(unique_list: FileList) -> None:
+    # Closing the log at an epoch's end flushed what a failed write had left and raised
+    # ENOSPC from the training loop's last next(); every later pass then failed too.
+    options = gl.LoaderOptions(log_jsonl="/dev/full", log_interval_s=0.01, monitor_gpu=False)
+    loader = make(unique_list, batch_size=16, options=options)
+    for _ in range(3):
+        assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
+    idle = loader.stats().elapsed_s
+    time.sleep(0.3)
+    assert loader.stats().elapsed_s == idle  # the monitor's clock stopped between epochs
+
+
 def test_breaking_out_and_exceptions_leave_no_threads(unique_list: FileList) -> None:
     before = set(threading.enumerate())
     loader = make(unique_list, batch_size=4)
