@@ -557,9 +557,6 @@ class EpochBase:
                                     ) from None
                                 add_note(exc, self.failure_advice())
                             raise
-                        finally:
-                            monitor.wait_ended()
-                            in_wait = False
                         padding = ended = produced is None
                         if padding:
                             self.check_not_stopped()  # not a quiet, truncated epoch
@@ -588,6 +585,13 @@ class EpochBase:
                                 # the training loop's thread for the GIL (measured:
                                 # 0.2-6 ms per batch of waiting with five batches queued).
                                 self.release(len(positions))
+                            # The wait ends as the batch is handed over: the bookkeeping
+                            # above is time the training loop spends in next() too (QA:
+                            # a wait ended before it left 25-40% of that time out, 3-10
+                            # ms a batch with the decode threads contending for the GIL).
+                            # Inside this `try`: a Ctrl-C in it takes the record back.
+                            monitor.wait_ended()
+                            in_wait = False
                         except BaseException:
                             if padding:
                                 self.received.unpadded()
