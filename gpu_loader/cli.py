@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         metavar="N|RATE|none",
         help="bad files tolerated per stage before the run stops: a count, a rate in (0, 1), "
-        "or none for no limit (default: 0.01); every bad file is listed in the report",
+        "or none for no limit (default: 0.01); bad files are listed in the report (the "
+        "first 20 in the text; --json has all, with their errors)",
     )
     demo.add_argument("--no-progress", action="store_true", help="no live progress bar")
     demo.set_defaults(func=cmd_demo)

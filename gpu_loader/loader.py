@@ -739,7 +739,10 @@ class ImageLoader:
     def close(self) -> None:
         """Stop the running epoch and the monitor's threads, and join them. Idempotent.
 
-        The loader stays usable: the next iteration starts new threads.
+        The loader stays usable: the next iteration starts new threads. `stats()` answers
+        with the last figures until then; the next epoch's monitor starts its counters
+        (samples, batches, times) from zero, while ``failures`` and `failed_samples()`
+        keep the loader's whole history.
         """
         self._stop_epoch("ImageLoader.close() was called")
         if self._gpu_worker_pool is not None:  # the decoders' device memory goes too

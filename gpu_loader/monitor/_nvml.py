@@ -74,6 +74,15 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver (its kernel module, or NVML's library)."""
+    import ctypes.util
+
+    return (
+        os.path.exists("/proc/driver/nvidia") or ctypes.util.find_library("nvidia-ml") is not None
+    )
+
+
 class NvmlSampler(PeriodicThread):
     """Samples NVML every ``interval_s`` on a daemon thread.
 
@@ -145,7 +154,8 @@ class NvmlSampler(PeriodicThread):
             try:
                 self._nvml = require("pynvml", "GPU monitoring")
             except ImportError as exc:
-                return self._unavailable(str(exc))
+                # The install hint is advice only where there is a GPU to monitor.
+                return self._unavailable(str(exc), no_driver=not nvidia_driver_present())
         nvml = self._nvml
         try:
             nvml.nvmlInit()

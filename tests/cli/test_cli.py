@@ -241,10 +241,14 @@ def test_demo_with_bad_files_stops_clearly_or_lists_them(tiny: Path, tmp_path: P
     stopped = run(*args, *quick, cache=tmp_path)  # 1 of 41 is over the default 1% rate
     assert stopped.returncode == 1 and "Traceback" not in stopped.stderr  # 2: usage errors
     assert str(bad) in stopped.stderr and "--max-failures none" in stopped.stderr
-    listed = run(*args, *quick, "--max-failures", "none", cache=tmp_path)
+    report = tmp_path / "report.json"
+    listed = run(*args, *quick, "--max-failures", "none", "--json", str(report), cache=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert "failed samples (1):" in listed.stdout
     assert f"{bad}  [decode, epoch 0]" in listed.stdout
+    (failed,) = json.loads(report.read_text())["failed"]  # with its error, not the key alone
+    assert failed["key"] == str(bad) and failed["stage"] == "decode" and failed["epoch"] == 0
+    assert "DecodeError" in failed["error"]
 
 
 def test_make_dataset_again_replaces_the_earlier_images(tmp_path: Path) -> None:
