@@ -794,7 +794,10 @@ class ImageLoader:
         monitor = self._monitor_for_epoch()
         if self._logger is None and self.options.log_jsonl is not None:
             self._logger = JsonlLogger(
-                self.options.log_jsonl, self.options.log_interval_s, source=self.stats
+                self.options.log_jsonl,
+                self.options.log_interval_s,
+                source=self.stats,
+                fields=lambda: {"epoch": self.epoch},
             )
         monitor.start()
         if self._logger is not None:

@@ -1,7 +1,7 @@
 """JsonlLogger: periodic ``LoaderStats.as_dict()`` snapshots, one JSON object per line.
 
 Each line is the flat dict plus ``"time_unix"`` (seconds since the epoch) so lines from
-several runs or ranks can be merged. The file is appended to and flushed per line, so
+several runs or ranks can be merged, and an ImageLoader's ``"epoch"``. The file is appended to and flushed per line, so
 a crash loses at most the line being written. A final line is written at ``close()``.
 """
 
@@ -26,6 +26,7 @@ class JsonlLogger(PeriodicThread):
     """Writes ``source().as_dict()`` to ``path`` every ``interval_s`` on a daemon thread.
 
     ``source`` is usually ``loader.stats``; without one, call :meth:`write` yourself.
+    ``fields`` adds keys to each line (the loader adds its ``epoch``).
     """
 
     def __init__(
@@ -34,6 +35,7 @@ class JsonlLogger(PeriodicThread):
         interval_s: float = 10.0,
         *,
         source: Callable[[], LoaderStats] | None = None,
+        fields: Callable[[], dict[str, int | float | str]] | None = None,
     ) -> None:
         super().__init__("gpu_loader-jsonl-logger", interval_s)
         self.path = Path(path)
@@ -44,6 +46,7 @@ class JsonlLogger(PeriodicThread):
                 "create it first"
             )
         self._source = source
+        self._fields = fields  # more keys for each line (the loader's epoch)
         self._write_lock = threading.Lock()
         # Opened on the first line, so a logger that never writes leaves no open file.
         self._file: TextIO | None = None
@@ -65,7 +68,10 @@ class JsonlLogger(PeriodicThread):
 
     def write(self, stats: LoaderStats) -> None:
         """Append one line now."""
-        record: dict[str, float | int | str] = {"time_unix": time.time(), **stats.as_dict()}
+        record: dict[str, float | int | str] = {"time_unix": time.time()}
+        if self._fields is not None:
+            record.update(self._fields())
+        record.update(stats.as_dict())
         line = json.dumps(record, allow_nan=False, separators=(",", ":"))
         with self._write_lock:
             if self._file_closed:

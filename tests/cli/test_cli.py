@@ -83,6 +83,7 @@ def test_demo_reports_numbers_and_writes_json(tiny: Path, tmp_path: Path) -> Non
     assert stats["samples_per_s"] > 0
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert lines and lines[-1]["samples"] == 80
+    assert {line["epoch"] for line in lines} == {0, 1}  # each line says which epoch
 
 
 def test_make_dataset_then_inspect(tmp_path: Path) -> None:
