@@ -4,7 +4,8 @@
     python examples/train_classifier.py --data /path/to/imagefolder --epochs 5
     python examples/train_classifier.py --augment     # + a per-sample augmentation
 
-Prints loss, accuracy, throughput and the data-stall fraction per epoch. Without --data it
+Prints loss, training accuracy (on the epoch's augmented batches: there is no held-out
+set here), throughput and the data-stall fraction per epoch. Without --data it
 trains on a generated folder (each class has its own colour cast, so there is something to
 learn); on a 2-core CPU the default run takes about 10-25 seconds (more when the machine is
 shared).
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             }
             history.append(record)
             print(
-                f"epoch {epoch}: loss {record['loss']:.3f}  accuracy {record['accuracy']:.1%}  "
+                f"epoch {epoch}: loss {record['loss']:.3f}  train accuracy {record['accuracy']:.1%}  "
                 f"{record['img_per_s']:.0f} img/s  data stall {record['stall_percent']:.1f}%",
                 flush=True,
             )
