@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             }
             history.append(record)
             print(
-                f"epoch {epoch}: loss {record['loss']:.3f}  train accuracy {record['accuracy']:.1%}  "
+                f"epoch {epoch}: loss {record['loss']:.3f}  "
+                f"train accuracy {record['accuracy']:.1%}  "
                 f"{record['img_per_s']:.0f} img/s  data stall {record['stall_percent']:.1f}%",
                 flush=True,
             )

@@ -1,8 +1,9 @@
 """JsonlLogger: periodic ``LoaderStats.as_dict()`` snapshots, one JSON object per line.
 
 Each line is the flat dict plus ``"time_unix"`` (seconds since the epoch) so lines from
-several runs or ranks can be merged, and an ImageLoader's ``"epoch"``. The file is appended to and flushed per line, so
-a crash loses at most the line being written. A final line is written at ``close()``.
+several runs or ranks can be merged, and an ImageLoader's ``"epoch"``. The file is
+appended to and flushed per line, so a crash loses at most the line being written. A
+final line is written at ``close()``.
 """
 
 from __future__ import annotations
