@@ -22,6 +22,10 @@ from ._stats import LoaderStats
 
 _log = logging.getLogger("gpu_loader.monitor")
 
+# (path, error type, errno) already warned about: `JsonlLogger._failed`.
+_warned: set[tuple[str, str, int | None]] = set()
+_warned_lock = threading.Lock()
+
 
 class JsonlLogger(PeriodicThread):
     """Writes ``source().as_dict()`` to ``path`` every ``interval_s`` on a daemon thread.
@@ -53,6 +57,8 @@ class JsonlLogger(PeriodicThread):
         self._file: TextIO | None = None
         self._file_closed = False
         self.lines = 0
+        self.failure: str | None = None
+        """Why writing failed (``Type: message``), None while it works."""
 
     def _setup(self) -> bool:
         return self._source is not None
@@ -63,9 +69,21 @@ class JsonlLogger(PeriodicThread):
         try:
             self.write(self._source())
         except Exception as exc:  # a failing stats() must not kill training; stop logging
-            _log.warning("stats logging stopped: %s: %s", type(exc).__name__, exc)
+            self._failed(exc, "stats logging stopped")
             return False
         return True
+
+    def _failed(self, exc: Exception, what: str) -> None:
+        """Say why the log failed: a warning the first time for this path and error kind,
+        then at DEBUG (a loader makes a logger per epoch, and an unwritable path would
+        otherwise warn twice an epoch); each epoch still tries again."""
+        self.failure = f"{type(exc).__name__}: {exc}"
+        key = (str(self.path), type(exc).__name__, getattr(exc, "errno", None))
+        with _warned_lock:
+            first = key not in _warned
+            _warned.add(key)
+        level = logging.WARNING if first else logging.DEBUG
+        _log.log(level, "%s (%s): %s", what, self.path, self.failure)
 
     def write(self, stats: LoaderStats) -> None:
         """Append one line now."""
@@ -84,11 +102,11 @@ class JsonlLogger(PeriodicThread):
             self.lines += 1
 
     def _teardown(self) -> None:
-        if self._source is not None:
+        if self._source is not None and self.failure is None:
             try:
                 self.write(self._source())
             except Exception as exc:  # the final line is best effort, the file must close
-                _log.warning("final stats line not written: %s: %s", type(exc).__name__, exc)
+                self._failed(exc, "final stats line not written")
         with self._write_lock:
             self._file_closed = True
             file, self._file = self._file, None
@@ -96,4 +114,4 @@ class JsonlLogger(PeriodicThread):
                 try:
                     file.close()  # flushes what a failed write left in its buffer
                 except OSError as exc:  # a full disk: training goes on without the lines
-                    _log.warning("stats log %s not closed cleanly: %s", self.path, exc)
+                    self._failed(exc, "stats log not closed cleanly")

@@ -151,3 +151,26 @@ def test_jsonl_failing_source_stops_logging_not_training(tmp_path: Path) -> None
 def test_jsonl_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         JsonlLogger(tmp_path / "nope" / "s.jsonl")
+
+
+def test_an_unwritable_log_warns_once_not_twice_an_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A loader makes a logger per epoch: a path that cannot be written warned twice an
+    # epoch (the periodic line, then the final one), every epoch.
+    import logging
+
+    import gpu_loader.monitor._jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "_warned", set())
+    caplog.set_level(logging.DEBUG, logger="gpu_loader.monitor")
+    folder = tmp_path / "a-folder"  # opening it to append fails
+    folder.mkdir()
+    for _ in range(3):  # three epochs
+        logger = JsonlLogger(folder, interval_s=0.001, source=make_stats)
+        logger.start()
+        assert wait_until(lambda log=logger: not log.running)  # its first line failed
+        logger.close()
+        assert logger.failure is not None and "IsADirectoryError" in logger.failure
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and str(folder) in warned[0].getMessage()
