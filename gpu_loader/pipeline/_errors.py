@@ -179,7 +179,9 @@ class FailurePolicy:
         """
         with self._lock:
             self._records.append(record)
-            return self._check(calls, final=False)
+            # Never fewer calls than failures: a thread that numbered its call before
+            # another thread's failure may record after it.
+            return self._check(max(calls, len(self._records)), final=False)
 
     def check_final(self, calls: int) -> PipelineFailure | None:
         """At end of stream: check a rate limit whatever the number of calls."""

@@ -282,3 +282,17 @@ def test_rate_clearly_over(failed: int, calls: int, limit: float, over: bool) ->
     from gpu_loader.pipeline._errors import rate_clearly_over
 
     assert rate_clearly_over(failed, calls, limit) is over
+
+
+def test_a_policy_never_counts_fewer_calls_than_failures() -> None:
+    # Two threads: one numbers its call before the other's failure and records after it.
+    # The limit then judged "100 of 99 calls" (or, as here, waited out a warm-up that
+    # 100 failures had passed).
+    from gpu_loader.pipeline._errors import FailurePolicy
+
+    policy = FailurePolicy("decode", 0.1)
+    for call in range(1, RATE_WARMUP_CALLS):
+        assert policy.record(FailureRecord("decode", str(call), ValueError()), calls=call) is None
+    late = policy.record(FailureRecord("decode", "late", ValueError()), calls=RATE_WARMUP_CALLS - 1)
+    assert late is not None
+    assert f"{RATE_WARMUP_CALLS} of {RATE_WARMUP_CALLS} calls failed" in late.message
