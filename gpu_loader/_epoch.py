@@ -74,13 +74,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("gpu_loader")
 
 IDLE_TICK_S = 0.05
+"""How often the batcher thread checks for failures while no sample completes."""
 # A second close() waits this long at most for the one in progress (which joins each
 # pipeline for at most JOIN_TIMEOUT_S).
 CLOSE_WAIT_S = 3 * JOIN_TIMEOUT_S
 # After a `batch_timeout_s` the epoch's threads are joined this long: the one the batch
 # waited for is likely stuck, and is left to end with the process (a daemon thread).
 TIMED_OUT_JOIN_S = 1.0
-"""How often the batcher thread checks for failures while no sample completes."""
 
 
 @dataclass
