@@ -1133,7 +1133,8 @@ class CpuEpoch(EpochBase):
     # -- forming (the batcher thread) -----------------------------------------------------
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self.pipeline:
+        self.pipeline.start()
+        try:
             # Idle ticks: a failure noted after the last completion must still reach the
             # batcher, or a window full of samples waiting for it would never move.
             stream = self.pipeline.iterate(idle_s=IDLE_TICK_S)
@@ -1143,10 +1144,9 @@ class CpuEpoch(EpochBase):
                 target=self.form, args=(stream,), name="gpu_loader-batcher", daemon=True
             )
             self.former.start()
-            try:
-                yield
-            finally:  # the join `join_s` allows (the `with`'s own close then finds it done)
-                self.pipeline.close(self.join_s)
+            yield
+        finally:  # joined for as long as `join_s` allows
+            self.pipeline.close(self.join_s)
 
     def form(self, stream: Iterator[Any]) -> None:
         """The batcher thread: feed completions to the batcher, assemble what it emits.

@@ -155,14 +155,15 @@ class GpuEpoch(EpochBase):
     # -- the training loop's thread ----------------------------------------------------
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self.decode_pipeline:
+        self.decode_pipeline.start()
+        try:
             # Idle ticks while nothing comes, so a wait can be timed (`check_wait`).
             self.stream = self.decode_pipeline.iterate(idle_s=IDLE_TICK_S)
-            try:
-                yield
-            finally:  # the join `join_s` allows (the `with`'s own close then finds it done)
-                self.fetch_pipeline.close(self.join_s)
-                self.decode_pipeline.close(self.join_s)
+            yield
+        finally:
+            # Joined for as long as `join_s` allows; the fetch pipeline first (`shutdown`).
+            self.fetch_pipeline.close(self.join_s)
+            self.decode_pipeline.close(self.join_s)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, Sequence[int]] | None:
         assert self.stream is not None, "running() starts the pipelines first"
