@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from gpu_loader.ops._transforms import CropParams
+from gpu_loader.ops._transforms import CropParams, _check_interpolation
 
 
 def bicubic_kernel(x: np.ndarray) -> np.ndarray:
@@ -40,8 +40,7 @@ def triangle_weights(
         raise ValueError(f"box must satisfy 0 <= box0 < box1 <= in_size, got {box0}, {box1}")
     scale = (box1 - box0) / out_size
     filterscale = max(scale, 1.0)
-    if interpolation not in ("bilinear", "bicubic"):
-        raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
+    _check_interpolation(interpolation)
     bicubic = interpolation == "bicubic"
     support = (2.0 if bicubic else 1.0) * filterscale  # the triangle's support is 1
     taps = math.ceil(support) * 2 + 1  # Pillow's ksize
