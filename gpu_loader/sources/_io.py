@@ -212,10 +212,11 @@ def _resolve_dots(path: str) -> str:
     for part in parts:
         if part == ".":
             continue
-        if part == ".." and out and out[-1] not in ("", ".."):
-            out.pop()
-        elif part != ".." or not out or out[-1] == "..":
-            out.append(part)
+        if part == ".." and out and out[-1] != "..":
+            if out[-1]:  # a name: "..", its parent
+                out.pop()
+            continue  # above the root (or after an empty segment): nothing to take away
+        out.append(part)
     return "/".join(out)
 
 
