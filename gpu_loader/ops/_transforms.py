@@ -12,6 +12,7 @@ parameters under the GIL, against 22 us: gpu_loader/sources/README.md).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,6 +149,23 @@ def _check_interpolation(value: object) -> None:
         )
 
 
+def _is_real(value: object) -> bool:
+    """A real number: not a bool, a string or a complex."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
+def _range_pair(name: str, value: object) -> tuple[float, float]:
+    """``(lo, hi)``: two finite numbers with ``0 < lo <= hi`` (a crop's scale or ratio range;
+    an infinite bound would fail every sample's draw instead of the construction)."""
+    pair = tuple(value) if isinstance(value, Sequence | np.ndarray) else ()
+    if isinstance(value, str) or len(pair) != 2 or not all(_is_real(v) for v in pair):
+        raise TypeError(f"`{name}` must be a pair of numbers (lo, hi), got {value!r}")
+    lo, hi = (float(v) for v in pair)
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        raise ValueError(f"`{name}` must be (lo, hi), finite, with 0 < lo <= hi, got {value!r}")
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class TrainTransform:
     """RandomResizedCrop + RandomHorizontalFlip + Normalize (torchvision semantics)."""
@@ -181,16 +199,14 @@ class TrainTransform:
         _check_flag("reduced_decode", self.reduced_decode)
         _check_flag("exif_orientation", self.exif_orientation)
         _check_interpolation(self.interpolation)
-        s0, s1 = (float(v) for v in self.scale)
-        if not 0 < s0 <= s1:
-            raise ValueError(f"`scale` must be (lo, hi) with 0 < lo <= hi, got {self.scale!r}")
-        r0, r1 = (float(v) for v in self.ratio)
-        if not 0 < r0 <= r1:
-            raise ValueError(f"`ratio` must be (lo, hi) with 0 < lo <= hi, got {self.ratio!r}")
-        if not 0.0 <= self.flip_prob <= 1.0:
-            raise ValueError(f"`flip_prob` must be in [0, 1], got {self.flip_prob}")
-        object.__setattr__(self, "scale", (s0, s1))
-        object.__setattr__(self, "ratio", (r0, r1))
+        object.__setattr__(self, "scale", _range_pair("scale", self.scale))
+        object.__setattr__(self, "ratio", _range_pair("ratio", self.ratio))
+        flip = self.flip_prob
+        if not _is_real(flip):
+            raise TypeError(f"`flip_prob` must be a number in [0, 1], got {flip!r}")
+        if not 0.0 <= flip <= 1.0:
+            raise ValueError(f"`flip_prob` must be in [0, 1], got {flip!r}")
+        object.__setattr__(self, "flip_prob", float(flip))
         _validate_norm(self, self.mean, self.std)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -147,6 +148,35 @@ def test_eval_default_resize_and_output_size() -> None:
 def test_invalid_arguments_say_what_is_wrong(factory: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         factory()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        # An infinite bound passed construction, then failed every sample's draw with an
+        # OverflowError that named no parameter (QA).
+        ({"scale": (0.08, math.inf)}, ValueError, "`scale` must be .*finite"),
+        ({"ratio": (0.5, math.inf)}, ValueError, "`ratio` must be .*finite"),
+        ({"scale": (math.nan, 1.0)}, ValueError, "`scale`"),
+        ({"scale": (0.1, 0.5, 0.9)}, TypeError, "`scale` must be a pair"),
+        ({"scale": 0.5}, TypeError, "`scale` must be a pair"),
+        ({"ratio": ("a", "b")}, TypeError, "`ratio` must be a pair"),
+        ({"flip_prob": "0.5"}, TypeError, "`flip_prob`"),
+        ({"flip_prob": True}, TypeError, "`flip_prob`"),
+    ],
+)
+def test_crop_ranges_and_flip_prob_are_checked_by_name(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        TrainTransform(32, **kwargs)  # type: ignore[arg-type]
+
+
+def test_crop_ranges_take_any_pair_of_numbers() -> None:
+    t = TrainTransform(32, scale=np.array([0.25, 0.5]), ratio=[np.float32(0.5), 2])  # type: ignore[arg-type]
+    assert t.scale == (0.25, 0.5)
+    assert t.ratio == (0.5, 2.0)
+    assert all(type(v) is float for v in (*t.scale, *t.ratio, t.flip_prob))
 
 
 @pytest.mark.parametrize("factory", [TrainTransform, EvalTransform])
