@@ -131,31 +131,15 @@ class LoaderOptions:
 
     def __post_init__(self) -> None:
         for name in ("decode_threads", "io_threads", "max_slow_threads", "samples_per_task"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"`{name}` must be an int >= 1 or None (automatic), got {value!r}")
-        if not isinstance(self.prefetch_batches, int) or self.prefetch_batches < 1:
-            raise ValueError(
-                f"`prefetch_batches` must be an int >= 1, got {self.prefetch_batches!r}"
-            )
-        if not isinstance(self.max_delay_batches, int) or self.max_delay_batches < 0:
-            raise ValueError(
-                f"`max_delay_batches` must be an int >= 0, got {self.max_delay_batches!r}"
-            )
-        if (
-            isinstance(self.cost_lookahead, bool)
-            or not isinstance(self.cost_lookahead, int)
-            or self.cost_lookahead < 0
-        ):
-            raise ValueError(f"`cost_lookahead` must be an int >= 0, got {self.cost_lookahead!r}")
-        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            raise ValueError(f"`max_pixels` must be an int >= 1, got {self.max_pixels!r}")
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1, "an int >= 1 or None (automatic)")
+        _check_int("prefetch_batches", self.prefetch_batches, 1)
+        _check_int("max_delay_batches", self.max_delay_batches, 0)
+        _check_int("cost_lookahead", self.cost_lookahead, 0)
+        _check_int("max_pixels", self.max_pixels, 1)
         if self.decode_on not in ("auto", "cpu", "gpu"):
             raise ValueError(f"`decode_on` must be 'auto', 'cpu' or 'gpu', got {self.decode_on!r}")
-        if not isinstance(self.gpu_streams, int) or self.gpu_streams < 1:
-            raise ValueError(f"`gpu_streams` must be an int >= 1, got {self.gpu_streams!r}")
+        _check_int("gpu_streams", self.gpu_streams, 1)
         for name in ("progress", "monitor_gpu"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
@@ -170,10 +154,18 @@ class LoaderOptions:
                 raise ValueError(
                     f"`log_jsonl` {self.log_jsonl!r}: its folder {folder!r} does not exist"
                 )
-        if not isinstance(self.arena_bytes, int) or self.arena_bytes < 2**20:
-            raise ValueError(
-                f"`arena_bytes` must be an int >= 1 MiB (2**20), got {self.arena_bytes!r}"
-            )
+            if os.path.isdir(self.log_jsonl):
+                raise ValueError(
+                    f"`log_jsonl` {self.log_jsonl!r} is a folder: give a file's path in it"
+                )
+        _check_int("arena_bytes", self.arena_bytes, 2**20, "an int >= 1 MiB (2**20)")
+
+
+def _check_int(name: str, value: object, least: int, what: str = "") -> None:
+    """An option that must be a whole number of at least ``least``: True and False are not
+    (as ``max_delay_batches=True``, quietly 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"`{name}` must be {what or f'an int >= {least}'}, got {value!r}")
 
 
 _TORCH_DTYPES = ("float32", "float16", "bfloat16", "uint8")
@@ -366,7 +358,7 @@ class ImageLoader:
             )
         self.device = _resolve_device(device)
         self._pin = _pin_batches(self.device, self.options.pin_memory)
-        self._check_cpu_only(self._gpu_decode_chosen())  # here rather than at iteration
+        self._decode_on_gpu()  # its refusals here rather than at the first batch
         self.sampler: Sampler = (
             Sampler(
                 len(source),

@@ -1173,6 +1173,14 @@ def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: Fil
         ("samples_per_task", True, "samples_per_task"),
         ("samples_per_task", 2.0, "samples_per_task"),
         ("decode_threads", True, "decode_threads"),
+        # True passed as 1 (QA: `max_delay_batches=True` quietly meant 1).
+        ("prefetch_batches", True, "prefetch_batches"),
+        ("max_delay_batches", True, "max_delay_batches"),
+        ("max_pixels", True, "max_pixels"),
+        ("gpu_streams", True, "gpu_streams"),
+        ("arena_bytes", 2.0**30, "arena_bytes"),
+        # A folder was taken, and the run then went on with no log but a warning.
+        ("log_jsonl", str(Path(__file__).parent), "is a folder"),
     ],
 )
 def test_options_are_checked_when_made(field: str, value: Any, match: str) -> None:

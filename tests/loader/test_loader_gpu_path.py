@@ -154,14 +154,13 @@ def test_bicubic_is_refused_on_the_gpu_path_and_auto_picks_the_cpu_path(
 
 
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
+    # Refused as the loader is made, not at its first batch (QA).
     with pytest.raises(ValueError, match="decode_on='gpu'"):
-        iter(
-            gl.ImageLoader(
-                unique_list,
-                batch_size=4,
-                transform=TrainTransform(SIZE),
-                options=gl.LoaderOptions(decode_on="gpu"),
-            )
+        gl.ImageLoader(
+            unique_list,
+            batch_size=4,
+            transform=TrainTransform(SIZE),
+            options=gl.LoaderOptions(decode_on="gpu"),
         )
 
 
@@ -262,11 +261,14 @@ def test_the_cuda_ports_are_made_once_so_arenas_and_decoders_last_across_epochs(
         return made[-1]
 
     monkeypatch.setattr(gpu_loader.cuda, "cuda_ports", fresh_ports)
-    options = gl.LoaderOptions(decode_on="gpu", arena_bytes=16 * 2**20, monitor_gpu=False)
+    # "auto" (the default) with a CUDA device decodes on the GPU; "gpu" would be refused
+    # here, where the device is resolved to the CPU as the loader is made.
+    options = gl.LoaderOptions(decode_on="auto", arena_bytes=16 * 2**20, monitor_gpu=False)
     loader = gl.ImageLoader(
         unique_list, batch_size=8, transform=TrainTransform(SIZE), options=options
     )
     loader.device = torch.device("cuda")  # what `device="cuda"` resolves to on a GPU machine
+    assert loader._decode_on_gpu()
     kept = []
     for _ in range(3):
         assert sorted(labels_of(loader)) == list(range(len(unique_list)))
