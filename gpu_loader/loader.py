@@ -161,6 +161,25 @@ class LoaderOptions:
         _check_int("arena_bytes", self.arena_bytes, 2**20, "an int >= 1 MiB (2**20)")
 
 
+_SOURCE_NEEDS = ("__len__", "key", "labels", "read", "nbytes", "fingerprint")
+"""What the loader uses of a sample index (`gpu_loader.sources.SampleIndex`); the GPU
+path also ``readinto``."""
+
+
+def _check_source(source: object) -> None:
+    """Refuse, as the loader is made, a source without what the loader calls: a custom
+    index without ``labels`` or ``fingerprint`` failed with a bare AttributeError, the
+    first at its first batch."""
+    missing = [m for m in _SOURCE_NEEDS if not hasattr(source, m)]
+    if missing:
+        raise TypeError(
+            "`source` must be a path or URL, or a sample index such as "
+            "gpu_loader.sources.ImageFolder(path), FileList(...) or TarShards(...) (the "
+            "gpu_loader.sources.SampleIndex protocol); "
+            f"{type(source).__name__} has no {', '.join(missing)}"
+        )
+
+
 def _check_int(name: str, value: object, least: int, what: str = "") -> None:
     """An option that must be a whole number of at least ``least``: True and False are not
     (as ``max_delay_batches=True``, quietly 1)."""
@@ -321,13 +340,7 @@ class ImageLoader:
         check_max_failures(max_failures)
         if isinstance(source, str | os.PathLike):
             source = open_index(source)  # a folder, a .csv list, or .tar shards
-        missing = [m for m in ("read", "key", "label", "nbytes") if not hasattr(source, m)]
-        if missing or not hasattr(source, "__len__"):
-            raise TypeError(
-                "`source` must be a path or URL, or a sample index such as "
-                "gpu_loader.sources.ImageFolder(path), FileList(...) or TarShards(...); "
-                f"got {type(source).__name__} (without {missing or ['__len__']})"
-            )
+        _check_source(source)
         self.source = source
         self.batch_size = batch_size
         self.transform = transform

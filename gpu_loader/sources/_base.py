@@ -20,7 +20,9 @@ class SampleIndex(Protocol):
     """What the loader needs from a dataset: keys, labels and a way to read bytes.
 
     Every method takes a sample index ``0 <= i < len(index)``; reads raise errors that
-    name the sample's key (``FileNotFoundError`` for a missing file).
+    name the sample's key (``FileNotFoundError`` for a missing file). `ImageLoader` calls
+    ``len``, ``key``, ``labels``, ``read``, ``nbytes`` and ``fingerprint`` (and
+    ``readinto`` on the GPU path); ``label`` and ``classes`` are for the user.
     """
 
     classes: list[str]

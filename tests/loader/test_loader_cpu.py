@@ -1189,6 +1189,37 @@ def test_options_are_checked_when_made(field: str, value: Any, match: str) -> No
         gl.LoaderOptions(**{field: value})
 
 
+class _Delegating:
+    """A custom sample index: a FileList's methods, less those named in ``lacks``."""
+
+    def __init__(self, inner: FileList, lacks: tuple[str, ...]) -> None:
+        self.inner, self.lacks = inner, lacks
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.lacks:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("lacks", [("fingerprint",), ("labels",), ("labels", "nbytes")])
+def test_a_custom_source_without_what_the_loader_calls_is_refused_by_name(
+    unique_list: FileList, lacks: tuple[str, ...]
+) -> None:
+    # Without `fingerprint`: a bare AttributeError; without `labels`: one at the first
+    # batch, minutes into a run (QA).
+    with pytest.raises(TypeError, match=f"_Delegating has no {', '.join(lacks)}$"):
+        make(_Delegating(unique_list, lacks), batch_size=8)
+
+
+def test_a_custom_source_needs_no_label_method(unique_list: FileList) -> None:
+    # The loader delivers `labels`; a per-sample `label(i)` is the protocol's convenience.
+    loader = make(_Delegating(unique_list, ("label", "classes")), batch_size=8)
+    assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
+
+
 def test_torch_dtypes_numpy_sizes_and_option_dicts(unique_list: FileList) -> None:
     loader = make(unique_list, batch_size=np.int64(8), dtype=torch.bfloat16)
     images, _ = next(iter(loader))
