@@ -243,6 +243,10 @@ class ImageLoader:
     ``source`` is a sample index (`gpu_loader.sources`), or a path or URL that
     `gpu_loader.sources.open_index` opens (a folder, a ``.csv`` list, ``.tar`` shards).
 
+    ``shuffle`` defaults to True, unlike DataLoader's False (False with a ``sampler``):
+    pass ``shuffle=False`` to evaluate in the source's order, e.g. to line predictions up
+    with ``loader.dataset.targets`` (``batch.indices`` names each row's sample either way).
+
     Bad samples: with ``on_error="skip"`` (the default) a sample that fails to read or
     decode is left out and listed in `failed_samples()` with its key. The epoch stops with
     `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
