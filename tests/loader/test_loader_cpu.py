@@ -1248,6 +1248,9 @@ def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList)
     for name in ("shuffle", "drop_last"):  # "False" is a true string
         with pytest.raises(TypeError, match=f"`{name}` must be True or False, got 'False'"):
             make(unique_list, **{name: "False"})
+    # Unlike DataLoader, shuffled unless asked not to (documented in the README).
+    assert make(unique_list).shuffle is True
+    assert list(make(unique_list).sampler) != list(range(len(unique_list)))
     loader = make(unique_list, shuffle=np.bool_(False), seed=3)
     assert loader.dataset is unique_list and len(loader.dataset) == len(unique_list)
     assert list(loader.sampler) == list(range(len(unique_list)))  # not shuffled
