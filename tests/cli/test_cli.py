@@ -111,6 +111,8 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     assert "recommended: LoaderOptions(io_threads=" in inspected.stdout
     # The rate quoted is the loader's own on those images, not the stages' alone.
     assert "img/s measured through ImageLoader on these 12 images" in inspected.stdout
+    # All 12 decoded: the note says the sample is small, not that images failed (QA).
+    assert "note: only 12 images sampled; rates from so few are rough" in inspected.stdout
     # --data takes what ImageLoader takes: here a CSV list, as a file:// URL (a Path
     # argument had turned it into file:/...).
     listing = out / "list.csv"

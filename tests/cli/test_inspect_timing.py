@@ -1,0 +1,85 @@
+"""`gpu_loader.inspect`'s sampling and timing, in process: which images it times and how
+long, so that one noisy run of a few milliseconds does not pick the thread counts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_loader import inspect as insp
+from gpu_loader.datasets import make_image_folder
+from gpu_loader.sources import ImageFolder
+
+
+def test_spread_covers_the_whole_index() -> None:
+    # A folder's first images are its first classes only (QA: inspect read those).
+    assert insp.spread(100, 4) == [0, 25, 50, 75]
+    assert insp.spread(10, 3) == [0, 3, 6]
+    assert insp.spread(5, 8) == [0, 1, 2, 3, 4]  # all of a small index, once each
+    picked = insp.spread(1000, 256)
+    assert len(set(picked)) == 256 and picked[-1] >= 990
+
+
+def test_a_stage_is_timed_for_at_least_the_minimum() -> None:
+    calls: list[int] = []
+
+    def work(i: int) -> int:
+        calls.append(i)
+        time.sleep(0.01)  # a pass of 8 on 2 threads: 40 ms or more
+        return i
+
+    began = time.perf_counter()
+    profile = insp.time_stage("read", work, list(range(8)), threads=2, min_s=0.1)
+    took = time.perf_counter() - began
+    assert took >= 0.1
+    assert len(calls) % 8 == 0 and len(calls) > 8  # whole passes, more than one
+    assert profile.items_per_s <= len(calls) / 0.1  # over the whole run, not one pass
+    assert profile.failures == 0
+
+
+def test_passes_are_capped_and_failures_are_those_of_one_pass() -> None:
+    def work(i: int) -> int:
+        if i == 3:
+            raise ValueError("bad sample")
+        return i
+
+    calls = 0
+
+    def counted(i: int) -> int:
+        nonlocal calls
+        calls += 1
+        return work(i)
+
+    profile = insp.time_stage("decode", counted, list(range(5)), threads=1, min_s=60.0)
+    assert calls == 5 * insp.MAX_PASSES  # not a minute of passes over a tiny sample
+    assert profile.failures == 1
+
+
+def test_each_count_keeps_its_faster_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[int] = []
+    rates = iter([10.0, 50.0, 40.0, 20.0])  # counts 1, 2 rising, then 2, 1 falling
+
+    def fake(name: str, fn: object, items: object, threads: int) -> insp.StageProfile:
+        runs.append(threads)
+        return insp.StageProfile(name, threads, next(rates), 0)
+
+    monkeypatch.setattr(insp, "time_stage", fake)
+    profiles = insp.profile_stage("read", lambda i: i, [0], [1, 2])
+    assert runs == [1, 2, 2, 1]
+    assert [(p.threads, p.items_per_s) for p in profiles] == [(1, 20.0), (2, 50.0)]
+
+
+def test_the_loader_check_runs_on_the_spread_samples(tmp_path: Path) -> None:
+    root = make_image_folder(
+        tmp_path, num_images=12, num_classes=4, seed=0, min_side=32, max_side=64
+    )
+    index = ImageFolder(root)
+    positions = insp.spread(len(index), 4)
+    subset = insp._Subset(index, positions)
+    assert [subset.key(i) for i in range(4)] == [index.key(p) for p in positions]
+    assert subset.labels.tolist() == [index.labels[p] for p in positions]
+    assert len(set(subset.labels.tolist())) > 1  # not only the first class
+    assert subset.fingerprint() != insp._Subset(index, [0, 1, 2, 3]).fingerprint()
+    assert insp.loader_rate(index, positions, 32, 1, 1, min_s=0.05) > 0
