@@ -24,7 +24,10 @@ def applies(name: str) -> str | None:
 
 def run_suite(out: Path, *, only: str | None = None, quick: bool = False) -> int:
     """Run each benchmark in its own process; returns 0 when every one ran, else 1."""
-    names = [n.strip() for n in only.split(",")] if only else list(BENCHMARKS)
+    names = [n.strip() for n in only.split(",") if n.strip()] if only is not None else []
+    if only is not None and not names:  # `--only ""` ran everything
+        raise ValueError(f"--only names no benchmark; choose from {list(BENCHMARKS)}")
+    names = names or list(BENCHMARKS)
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
         raise ValueError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")

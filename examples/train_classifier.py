@@ -63,7 +63,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="random brightness and contrast per sample (ImageLoader(augment=...))",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("num_images", "classes", "epochs", "batch_size", "size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        # Before the dataset is generated, which takes a while.
+        parser.error(f"--device {args.device}, but no CUDA device is usable here")
+    return args
 
 
 def brightness_contrast(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

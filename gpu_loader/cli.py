@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--data", required=True, help=_DATA_HELP)
     verify.add_argument("--threads", type=int, help="threads per stage (default: CPU count)")
     verify.add_argument(
-        "--good-list", type=Path, metavar="CSV", help="write the good samples here (path,label)"
+        "--good-list",
+        type=Path,
+        metavar="CSV",
+        help="write the good samples here (path,label); for a folder or CSV list, not tar shards",
     )
     verify.add_argument(
         "--json", type=Path, metavar="PATH", help="write the bad files here as JSON"
@@ -258,6 +261,7 @@ def demo_dataset(num_images: int) -> Path:
 # ---------------------------------------------------------------------------- commands
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_loader.demo import run_demo
+    from gpu_loader.loader import _resolve_device
     from gpu_loader.pipeline import PipelineFailure
 
     for name in ("num_images", "epochs", "batch_size", "size"):
@@ -274,6 +278,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise CliError(f"{path}: folder {path.parent} does not exist")
         if path is not None and path.is_dir():
             raise CliError(f"{path}: is a folder; give a file path")
+    try:  # before the demo dataset is made: that takes a while
+        _resolve_device(device)
+    except (ValueError, RuntimeError) as exc:
+        raise CliError(re.sub(r"device='([\w:]+)'", r"--device \1", str(exc))) from None
     data = args.data if args.data is not None else demo_dataset(args.num_images)
     index = _open_data(data)
     try:
@@ -345,6 +353,8 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     # benchmarks/ is installed as gpu_loader.benchmarks (a mapped folder mypy cannot see).
     suite = importlib.import_module("gpu_loader.benchmarks.suite")
+    if args.out.exists() and not args.out.is_dir():
+        raise CliError(f"--out {args.out}: exists and is not a folder")
     try:
         return int(suite.run_suite(args.out, only=args.only, quick=args.quick))
     except ValueError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_loader.cuda import cuda_available
 from gpu_loader.datasets import make_image_folder
 
 SCRIPT = Path(sys.executable).with_name("gpu-loader")
@@ -167,6 +168,8 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
         (("demo", "--threads", "0", "--data", "."), "--threads must be > 0"),
         (("demo", "--device", "tpu", "--data", "."), "--device must be auto, cpu, cuda"),
+        (("bench", "--only", ""), "--only names no benchmark"),  # it ran every benchmark
+        (("bench", "--only", "cpu_loaders", "--out", "/dev/null"), "exists and is not a folder"),
         (("demo", "--bogus"), "gpu-loader demo: error: unrecognized arguments: --bogus"),
         (("--bogus", "demo"), "gpu-loader: error: unrecognized arguments: --bogus"),
     ],
@@ -180,6 +183,15 @@ def test_errors_are_one_line_without_traceback(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert needle in lines[0]
+
+
+@pytest.mark.skipif(cuda_available(), reason="needs a machine without CUDA")
+def test_demo_refuses_a_missing_gpu_before_making_its_dataset(tmp_path: Path) -> None:
+    # It generated the default dataset first (seconds to minutes), then refused (QA).
+    result = run("demo", "--device", "cuda", "--num-images", "20", cache=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--device cuda was asked for but no CUDA device is usable" in result.stderr
+    assert not any(tmp_path.rglob("*.jpg"))
 
 
 def test_verify_of_a_list_whose_backend_is_missing_writes_no_empty_clean_list(
