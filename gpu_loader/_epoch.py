@@ -150,6 +150,9 @@ class Received:
         self.mode = batcher.mode
         self.ledger = Ledger(batcher.plan)
         self.batches = self.ledger.load_state(resume, self.mode) if resume is not None else 0
+        self.stage_failures = stage_failures_of(resume, self.ledger.failed)
+        """Failed samples per stage (they count against ``max_failures`` per stage, also
+        after a resume)."""
         self.last: Sequence[int] | None = None  # the positions `batches` last counted
         self.lock = threading.Lock()
 
@@ -187,13 +190,62 @@ class Received:
             status = np.frombuffer(bytes(self.ledger.status), np.uint8)
         return np.flatnonzero(status == DELIVERED)
 
-    def failed(self, position: int) -> None:
+    def failed(self, position: int, stage: str) -> None:
         with self.lock:
             self.ledger.complete(position, ok=False)
+            self.stage_failures[stage] = self.stage_failures.get(stage, 0) + 1
 
     def state(self) -> dict[str, Any]:
         with self.lock:
-            return self.ledger.to_state(self.mode, self.batches)
+            state = self.ledger.to_state(self.mode, self.batches)
+            state[FAILED_STAGES] = dict(self.stage_failures)
+            return state
+
+    def failures_before(self, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """For each of this path's ``stages`` (in pipeline order), the (calls, failures)
+        the resumed state counts against ``max_failures``: a stage ran on every sample
+        delivered and on every one that failed there or later. A stage the path lacks
+        (a state saved on the other decode path, or an older one) counts with ``stages``'
+        first if it reads ("read", "fetch"), else with the last."""
+        with self.lock:
+            counts = dict(self.stage_failures)
+            delivered = self.ledger.delivered
+        failures = dict.fromkeys(stages, 0)
+        for stage, n in counts.items():
+            if stage not in failures:
+                stage = stages[0] if stage in _READ_STAGES else stages[-1]
+            failures[stage] += n
+        before, later = {}, 0
+        for stage in reversed(stages):
+            later += failures[stage]
+            before[stage] = (delivered + later, failures[stage])
+        return before
+
+
+FAILED_STAGES = "failed_stages"
+"""The resume state's count of failed samples per stage (beside the ledger's positions)."""
+
+_READ_STAGES = ("read", "fetch")
+
+
+def stage_failures_of(state: Mapping[str, Any] | None, failed: int) -> dict[str, int]:
+    """A resume state's failures per stage, which must add up to its ``failed`` positions.
+    A state without them (written before they were kept) puts them all under "unknown"."""
+    if state is None:
+        return {}
+    counts = state.get(FAILED_STAGES)
+    if counts is None:
+        return {"unknown": failed} if failed else {}
+    ok = isinstance(counts, Mapping) and all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in counts.items()
+    )
+    if not ok or sum(counts.values()) != failed:
+        raise ValueError(
+            f"state_dict field {FAILED_STAGES!r} must map stage names to counts adding up "
+            f"to the {failed} failed positions, got {counts!r}"
+        )
+    return dict(counts)
 
 
 def make_batcher(loader: ImageLoader, n: int) -> OrderedBatcher[Any] | StragglerBatcher[Any]:
@@ -391,12 +443,13 @@ class EpochBase:
             block = todo[start : start + lookahead]
             yield from order_by_cost(block, [cost(p) for p in block], lookahead)
 
-    def note_failure(self, position: int) -> None:
-        """Called from a worker thread when a sample fails (the engine records why)."""
-        self.remember_failure(position)
+    def note_failure(self, position: int, stage: str) -> None:
+        """Called from a worker thread when a sample fails in ``stage`` (the engine records
+        why)."""
+        self.remember_failure(position, stage)
         self.failed_positions.append(position)
 
-    def remember_failure(self, position: int) -> None:
+    def remember_failure(self, position: int, stage: str) -> None:
         """Put a failed sample in the resume record, so a resumed epoch does not run it
         again: at once, not when the batcher thread drains it (up to an idle tick later),
         so a `state_dict()` taken once `failed_samples()` lists it agrees.
@@ -406,7 +459,7 @@ class EpochBase:
         as a fetch waiting for arena room, is not a bad sample).
         """
         if self.loader.on_error == "skip" and not self.stopping.is_set():
-            self.received.failed(position)
+            self.received.failed(position, stage)
 
     def drain_failures(self) -> None:
         """Tell the batcher about failures (`note_failure` told the resume record), and
@@ -908,7 +961,11 @@ class CpuEpoch(EpochBase):
         # samples finished by then, other threads' runs in progress included (counting
         # finished runs only, a QA run read "102 of 100 calls failed", and the rate limit
         # could trip early). `itertools.count` is one C call, atomic under the GIL.
-        self.run_policies = {s: FailurePolicy(s, loader.max_failures) for s in ("read", "decode")}
+        # After a resume, the samples done before it count against the limits too.
+        before = self.received.failures_before(("read", "decode"))
+        self.run_policies = {
+            s: FailurePolicy(s, loader.max_failures, before[s]) for s in ("read", "decode")
+        }
         self.run_calls = dict.fromkeys(self.run_policies, 0)
         self.run_calls_lock = threading.Lock()
         self.ordinals = {stage: itertools.count(1) for stage in self.run_policies}
@@ -925,6 +982,7 @@ class CpuEpoch(EpochBase):
                 name="read",
                 output_order=order,
                 max_failures=None if runs else loader.max_failures,  # see run_policies
+                failures_before=before["read"],
                 key_fn=run_key if runs else task_key,
                 slow_lane=self.slow_lane("read", loader.io_threads, runs=runs),
             )
@@ -934,6 +992,7 @@ class CpuEpoch(EpochBase):
                 name="decode",
                 output_order=order,
                 max_failures=None if runs else loader.max_failures,
+                failures_before=before["decode"],
                 key_fn=run_key if runs else task_key,
                 slow_lane=decode_lane,
             )
@@ -958,7 +1017,7 @@ class CpuEpoch(EpochBase):
         try:
             task.data = self.loader.source.read(task.index)
         except BaseException:
-            self.note_failure(task.position)
+            self.note_failure(task.position, "read")
             raise
         return task
 
@@ -966,7 +1025,7 @@ class CpuEpoch(EpochBase):
         try:
             self.decode_one(task)
         except BaseException:
-            self.note_failure(task.position)
+            self.note_failure(task.position, "decode")
             raise
         return task
 
@@ -1069,7 +1128,7 @@ class CpuEpoch(EpochBase):
         samples it has finished), then the resume record and the batcher are told, in
         `note_failure`'s order."""
         add_note(exc, f"stage: {stage}, sample: {task.key}")
-        self.remember_failure(task.position)
+        self.remember_failure(task.position, stage)
         record = FailureRecord(stage=stage, key=task.key, error=exc)
         error = self.run_policies[stage].record(record, calls=calls)
         if error is None:

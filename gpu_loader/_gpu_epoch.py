@@ -59,6 +59,9 @@ class GpuEpoch(EpochBase):
         self.gpu_failures_lock = threading.Lock()
         self.gpu_causes: list[Exception] = []  # the first GPU decode errors, for PipelineFailure
         self.delivered_samples = 0
+        # After a resume, the samples done before it count against the limits too.
+        before = self.received.failures_before(("fetch", "gpu_decode"))
+        self.gpu_decode_before = before["gpu_decode"]
         fetcher = GpuFetcher(
             loader.source,
             self.arena,
@@ -86,7 +89,7 @@ class GpuEpoch(EpochBase):
             try:
                 return fetcher(task)
             except BaseException:
-                self.note_failure(task.position)
+                self.note_failure(task.position, "fetch")
                 raise
 
         self.fetch_pipeline = (
@@ -98,6 +101,7 @@ class GpuEpoch(EpochBase):
                 name="fetch",
                 output_order=order,
                 max_failures=loader.max_failures,
+                failures_before=before["fetch"],
                 key_fn=task_key,
                 slow_lane=self.slow_lane("fetch", fetch_threads),
             )
@@ -149,7 +153,7 @@ class GpuEpoch(EpochBase):
                 if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
                     self.gpu_causes.append(exc)
         for position, _, _ in failed:
-            self.remember_failure(position)
+            self.remember_failure(position, "gpu_decode")
         self.release(len(failed))
 
     # -- the training loop's thread ----------------------------------------------------
@@ -194,10 +198,11 @@ class GpuEpoch(EpochBase):
         limit = self.loader.max_failures
         if limit is None:
             return
+        calls_before, failed_before = self.gpu_decode_before
         with self.gpu_failures_lock:
-            failed = len(self.gpu_failures)
+            own = len(self.gpu_failures)
             causes = list(self.gpu_causes)
-        done = self.delivered_samples + failed
+        failed, done = own + failed_before, self.delivered_samples + own + calls_before
         if isinstance(limit, int):
             over = failed > limit
         else:

@@ -25,7 +25,7 @@ import numpy as np
 
 from gpu_loader._augment import Augment, check_augment
 from gpu_loader._batch_pool import BatchPool
-from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
+from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher, stage_failures_of
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader._run_sizer import RunSizer
 from gpu_loader.batching import AdaptiveThreshold
@@ -685,6 +685,7 @@ class ImageLoader:
             )
         try:
             make_batcher(self, len(self.sampler)).load_state_dict(state)
+            stage_failures_of(state, sum(stop - start for start, stop in state["failed"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
 

@@ -60,6 +60,7 @@ class PipelineBuilder:
         key_fn: Callable[[Any], object] | None = None,
         worker_init: Callable[[], Any] | None = None,
         slow_lane: SlowLane | None = None,
+        failures_before: tuple[int, int] = (0, 0),
     ) -> PipelineBuilder:
         """Run ``op`` on every item with ``concurrency`` long-lived worker threads.
 
@@ -69,7 +70,9 @@ class PipelineBuilder:
         ``op(item, state)``, so per-thread resources (a CUDA stream, a decoder) are made
         once per thread. An op that raises drops the item and records a failure;
         ``max_failures`` (None: no limit; an int: a count; a float in (0, 1): a rate)
-        says when the pipeline must stop and raise ``PipelineFailure``.
+        says when the pipeline must stop and raise ``PipelineFailure``;
+        ``failures_before=(calls, failures)`` counts those of an earlier run of the same
+        stream against it too (a resumed job: the limit applies to the whole).
         """
         self._need_source("pipe")
         if name is not None and not (isinstance(name, str) and name):
@@ -87,6 +90,7 @@ class PipelineBuilder:
                 key_fn=key_fn,
                 worker_init=worker_init,
                 slow_lane=slow_lane,
+                failures_before=failures_before,
             )
         )
         return self

@@ -151,6 +151,17 @@ def _is_async_op(op: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
+def check_failures_before(value: object) -> None:
+    """``(calls, failures)``: two ints, ``0 <= failures <= calls``."""
+    pair = value if isinstance(value, tuple) and len(value) == 2 else (-1, -1)
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+    if not whole or not 0 <= pair[1] <= pair[0]:
+        raise ValueError(
+            f"`failures_before` must be (calls, failures) with 0 <= failures <= calls, "
+            f"got {value!r}"
+        )
+
+
 @dataclass(frozen=True)
 class PipeSpec:
     """A validated ``pipe(...)`` stage."""
@@ -163,6 +174,7 @@ class PipeSpec:
     key_fn: Callable[[Any], object] | None = None
     worker_init: Callable[[], Any] | None = None
     slow_lane: SlowLane | None = None
+    failures_before: tuple[int, int] = (0, 0)
     is_generator: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -180,6 +192,7 @@ class PipeSpec:
         if self.output_order not in _ORDERS:
             raise ValueError(f"`output_order` must be one of {_ORDERS}, got {self.output_order!r}")
         check_max_failures(self.max_failures)
+        check_failures_before(self.failures_before)
         if self.key_fn is not None and not callable(self.key_fn):
             raise TypeError(f"`key_fn` must be callable or None, got {self.key_fn!r}")
         if self.worker_init is not None and not callable(self.worker_init):

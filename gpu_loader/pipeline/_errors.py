@@ -163,11 +163,18 @@ def _describe_limit(limit: int | float) -> str:
 
 
 class FailurePolicy:
-    """Counts one stage's calls and failures and decides when the pipeline must stop."""
+    """Counts one stage's calls and failures and decides when the pipeline must stop.
 
-    def __init__(self, stage: str, limit: int | float | None) -> None:
+    ``before``: (calls, failures) of this stage already counted against ``limit``, by
+    an earlier run of the same stream (a resumed epoch): the limit applies to the whole.
+    """
+
+    def __init__(
+        self, stage: str, limit: int | float | None, before: tuple[int, int] = (0, 0)
+    ) -> None:
         self._stage = stage
         self._limit = limit
+        self._calls_before, self._failed_before = before
         self._lock = threading.Lock()
         self._records: list[FailureRecord] = []
         self._tripped = False  # the limit error is returned once, so the first one wins
@@ -197,7 +204,8 @@ class FailurePolicy:
             return len(self._records)
 
     def _check(self, calls: int, *, final: bool) -> PipelineFailure | None:
-        limit, failed = self._limit, len(self._records)
+        limit, failed = self._limit, len(self._records) + self._failed_before
+        calls += self._calls_before
         if limit is None or failed == 0 or self._tripped:
             return None
         if isinstance(limit, float):
@@ -210,6 +218,16 @@ class FailurePolicy:
             detail = f"{failed} call{'s' if failed > 1 else ''} failed"
         self._tripped = True
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
+        if not causes:  # all of them before a resume, whose state keeps no errors
+            before = self._failed_before
+            causes = [
+                RuntimeError(
+                    f"{before} failure(s) of stage {self._stage!r} before the point this "
+                    "run resumed from (their errors were not saved)"
+                    if before
+                    else f"stage {self._stage!r} failed"
+                )
+            ]
         return limit_failure(
             f"stage {self._stage!r}: {_describe_limit(limit)} ({detail}); "
             "raise `max_failures` to tolerate more; every failure is recorded "

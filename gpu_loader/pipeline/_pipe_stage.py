@@ -31,7 +31,7 @@ class PipeStage(Stage):
     def __init__(self, spec: PipeSpec) -> None:
         super().__init__(spec.name, spec.concurrency)
         self.spec = spec
-        self.policy = FailurePolicy(spec.name, spec.max_failures)
+        self.policy = FailurePolicy(spec.name, spec.max_failures, spec.failures_before)
         self._lock = threading.Lock()
         self._alive = 0
         self._eos_seen = False

@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -301,6 +302,58 @@ def test_failures_before_the_checkpoint_are_reported_after_resume(
         pass
     kept = {f.key: f for f in saver.failed_samples() if f.key in before}
     assert {k: f.stage for k, f in kept.items()} == {k: f.stage for k, f in before.items()}
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [(3, "more than 3 failures (4 calls failed)"), (0.1, "above 0.1 (4 of 34 calls failed)")],
+)
+def test_max_failures_counts_the_failures_before_the_checkpoint(
+    bad_list: tuple[FileList, set[str]], batching: str, limit: float, message: str
+) -> None:
+    # QA: a resumed epoch counted only its own failures and samples, so a job that
+    # checkpointed often passed any limit: 4 bad decodes (and a missing file) of 35
+    # against max_failures=3 or 0.1 stopped an uninterrupted epoch, not a resumed one.
+    items, _ = bad_list
+    with pytest.raises(gl.PipelineFailure, match=re.escape(message)):
+        for _ in make(items, max_failures=limit, batching=batching, shuffle=False):
+            pass
+    saver = make(items, max_failures=limit, batching=batching, shuffle=False)
+    it = iter(saver)
+    next(it)
+    state = json.loads(json.dumps(saver.state_dict()))
+    assert state["batcher"]["failed_stages"]  # the checkpoint saw a bad file
+    saver.close()
+    fresh = make(items, max_failures=limit, batching=batching, shuffle=False)
+    fresh.load_state_dict(state)
+    with pytest.raises(gl.PipelineFailure, match=re.escape(message)):
+        for _ in fresh:
+            pass
+
+
+def test_a_state_from_before_failures_were_kept_per_stage_counts_them_as_decode(
+    bad_list: tuple[FileList, set[str]],
+) -> None:
+    items, _ = bad_list
+    saver = make(items, max_failures=None, shuffle=False)
+    it = iter(saver)
+    next(it)
+    state = json.loads(json.dumps(saver.state_dict()))
+    saver.close()
+    failed = sum(stop - start for start, stop in state["batcher"]["failed"])
+    assert failed and sum(state["batcher"]["failed_stages"].values()) == failed
+    old = json.loads(json.dumps(state))
+    del old["batcher"]["failed_stages"]
+    fresh = make(items, max_failures=failed - 1, shuffle=False)
+    fresh.load_state_dict(old)
+    with pytest.raises(gl.PipelineFailure, match="stage 'decode'"):
+        for _ in fresh:
+            pass
+    bad = json.loads(json.dumps(state))
+    bad["batcher"]["failed_stages"] = {"decode": failed + 1}
+    with pytest.raises(ValueError, match=r"failed_stages.*adding up"):
+        fresh.load_state_dict(bad)
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])

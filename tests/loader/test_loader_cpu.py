@@ -471,15 +471,16 @@ def test_a_failure_reaches_the_resume_state_when_it_is_noted(unique_list: FileLi
     loader = make(unique_list)
     epoch = CpuEpoch(loader, None)
     try:
-        epoch.note_failure(3)  # as a read or decode thread does
+        epoch.note_failure(3, "decode")  # as a read or decode thread does
         assert epoch.received.state()["failed"] == [[3, 4]]
+        assert epoch.received.state()["failed_stages"] == {"decode": 1}
         assert list(epoch.failed_positions) == [3]  # the batcher still hears of it
     finally:
         epoch.close()
     # With on_error="raise" the user fixes the file and resumes: it must run again.
     strict = CpuEpoch(make(unique_list, on_error="raise"), None)
     try:
-        strict.note_failure(3)
+        strict.note_failure(3, "decode")
         assert strict.received.state()["failed"] == []
     finally:
         strict.close()

@@ -8,6 +8,7 @@ runtime, which records any ordering violation).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -63,6 +64,26 @@ def test_every_sample_once_and_bad_files_reported(
     assert failed[missing].stage == "fetch"
     assert {failed[k].stage for k in bad_keys - {missing}} <= {"fetch", "gpu_decode"}
     assert ports.runtime.violations == []
+
+
+def test_max_failures_counts_the_fetch_failures_before_the_checkpoint(
+    bad_list: tuple[FileList, set[str]],
+) -> None:
+    # Four bad files fail in fetch here: past max_failures=3 whether or not the epoch
+    # was resumed in between (a resumed epoch counted only its own).
+    source, _ = bad_list
+    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
+        labels_of(make(source, batch_size=4, shuffle=False, max_failures=3))
+    saver = make(source, batch_size=4, shuffle=False, max_failures=3)
+    it = iter(saver)
+    next(it)
+    state = json.loads(json.dumps(saver.state_dict()))
+    assert state["batcher"]["failed_stages"].get("fetch")
+    saver.close()
+    fresh = make(source, batch_size=4, shuffle=False, max_failures=3)
+    fresh.load_state_dict(state)
+    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
+        labels_of(fresh)
 
 
 def test_matches_the_cpu_path(unique_list: FileList) -> None:
@@ -238,9 +259,9 @@ def test_fetches_stopped_by_close_are_not_failures(unique_list: FileList) -> Non
         bad = FailureRecord("fetch", unique_list.key(2), ValueError("bad header"))
         epoch.fetch_pipeline.failures = lambda: [stopped, bad]  # type: ignore[method-assign]
         assert [f.key for f in epoch.failures()] == [unique_list.key(2)]
-        epoch.note_failure(2)  # a bad sample while running: saved
+        epoch.note_failure(2, "fetch")  # a bad sample while running: saved
         epoch.stop_feeding()
-        epoch.note_failure(1)  # the interrupted fetch, once stopping: not saved
+        epoch.note_failure(1, "fetch")  # the interrupted fetch, once stopping: not saved
         assert epoch.received.state()["failed"] == [[2, 3]]
     finally:
         epoch.close()

@@ -134,6 +134,31 @@ def test_rate_waits_for_warmup_then_checks_at_the_end() -> None:
         run(10, fail_on({1, 2}), max_failures=0.05)
 
 
+def test_failures_before_count_against_the_limit() -> None:
+    # A resumed stream: 3 failures of 40 calls before it, then 1 of 10 here.
+    op = fail_on({5})
+    out, _ = run(10, op, max_failures=3)  # 1 failure alone is within 3
+    assert len(out) == 9
+    with pytest.raises(PipelineFailure, match=r"more than 3 failures \(4 calls failed\)") as info:
+        run(10, op, max_failures=3, failures_before=(40, 3))
+    assert len(info.value.exceptions) == 1  # the earlier errors were not kept
+    # A rate over the whole: 1 of 10 is above 0.05, but 1 of 50 is not.
+    with pytest.raises(PipelineFailure, match="1 of 10 calls failed"):
+        run(10, op, max_failures=0.05)
+    out, _ = run(10, op, max_failures=0.05, failures_before=(40, 0))
+    assert len(out) == 9
+    # Failures only before: judged at the end, with a cause that says so.
+    with pytest.raises(PipelineFailure, match="4 of 50 calls failed") as info:
+        run(10, fail_on(set()), max_failures=0.05, failures_before=(40, 4))
+    assert "before the point this run resumed from" in str(info.value.exceptions[0])
+
+
+@pytest.mark.parametrize("before", [(3, 4), (-1, 0), (2,), [5, 1], (True, 0)])
+def test_failures_before_is_checked(before: Any) -> None:
+    with pytest.raises(ValueError, match="failures_before"):
+        PipelineBuilder().add_source([1]).pipe(lambda x: x, failures_before=before)
+
+
 def test_source_error_reaches_consumer() -> None:
     def source() -> Any:
         yield 1
