@@ -367,7 +367,7 @@ def _decode_other(
     if size is not None:  # first: a bomb is a bomb, whether or not it is also cut short
         _check_pixels(key, size[0], size[1], max_pixels)
     if fmt == "bmp" and (reason := bmp_damage(buf)) is not None:
-        raise _fail(key, f"truncated BMP: {reason}")
+        raise _fail(key, f"truncated or corrupt BMP: {reason}")
     if fmt == "webp" and (reason := webp_damage(buf)) is not None:
         raise _fail(key, f"truncated WebP: {reason}")
     if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:

@@ -149,9 +149,12 @@ def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return None
 
 
-# A walk over more chunks than this (hostile input: millions of empty chunks) stops
-# checking and leaves the file to the decoder; real PNGs have tens to a few thousand.
+# Real PNGs have tens to a few thousand chunks (the image data split in pieces) and a few
+# text chunks. More than these is hostile input (QA: a 12 MB file of a million empty
+# tEXt chunks took 3 s per decode and printed a libpng warning for each): refused.
 _MAX_PNG_CHUNKS = 100_000
+_MAX_PNG_TEXT_CHUNKS = 1_000
+_PNG_TEXT = (b"tEXt", b"zTXt", b"iTXt")
 
 
 def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
@@ -162,7 +165,9 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
 
     Refused: the file ends inside an IDAT chunk, or inside any chunk before the first
     IDAT, or has no IDAT at all (cut short); a critical chunk (IHDR, PLTE, IDAT) whose
-    CRC does not match (damaged). A file that ends after complete IDAT chunks (only the
+    CRC does not match (damaged); over `_MAX_PNG_CHUNKS` chunks or
+    `_MAX_PNG_TEXT_CHUNKS` text chunks (hostile: each costs the decoder time, and a
+    malformed one a libpng warning line). A file that ends after complete IDAT chunks (only the
     IEND trailer, or an ancillary chunk after the image data, missing) still decodes, as
     with libpng's own tools: the caller closes it at the given offset. Checked before
     decoding because libpng prints its own error lines to stderr for such files (OpenCV
@@ -172,7 +177,7 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
     """
     view = memoryview(data)
     end = len(view)
-    pos, idat_done = 8, False
+    pos, idat_done, texts = 8, False, 0
     for _ in range(_MAX_PNG_CHUNKS):
         if pos + 8 > end:
             if idat_done:
@@ -203,8 +208,12 @@ def png_damage(data: bytes | memoryview) -> tuple[str | None, int | None]:
             return bad, None
         if kind == b"IDAT":
             idat_done = True
+        elif kind in _PNG_TEXT:
+            texts += 1
+            if texts > _MAX_PNG_TEXT_CHUNKS:
+                return f"it holds over {_MAX_PNG_TEXT_CHUNKS:,} text chunks (hostile?)", None
         pos = chunk_end
-    return None, None  # too many chunks to walk: as if complete
+    return f"it has over {_MAX_PNG_CHUNKS:,} chunks (hostile?)", None
 
 
 # PNG colour type -> the bit depths the standard allows for it (libpng prints a warning
@@ -220,6 +229,10 @@ def _ihdr_damage(ihdr: memoryview) -> str | None:
     if depth not in allowed:
         return f"its header pairs colour type {colour} with bit depth {depth}, not allowed"
     return None
+
+
+# BI_RGB, RLE8, RLE4, BITFIELDS, JPEG, PNG, ALPHABITFIELDS; 11-13: Windows' CMYK forms.
+_BMP_COMPRESSIONS = (0, 1, 2, 3, 4, 5, 6, 11, 12, 13)
 
 
 def bmp_damage(data: bytes | memoryview) -> str | None:
@@ -242,6 +255,8 @@ def bmp_damage(data: bytes | memoryview) -> str | None:
         width, height, _planes, bits, compression = struct.unpack("<iiHHI", view[18:34])
     else:
         return None
+    if compression not in _BMP_COMPRESSIONS:  # OpenCV prints a failed assertion for it
+        return f"its header names compression {compression}, which BMP does not define"
     if compression not in (0, 3, 6) or bits not in (1, 4, 8, 16, 24, 32) or width <= 0:
         return None  # RLE or embedded JPEG/PNG rows: their length is not known up front
     rows = -(-width * bits // 32) * 4

@@ -253,6 +253,43 @@ def test_a_png_without_its_end_trailer_still_decodes(
     assert capfd.readouterr().err == ""
 
 
+def _with_chunks(data: bytes, kind: bytes, body: bytes, count: int) -> bytes:
+    """``data`` (a PNG) with ``count`` chunks of ``kind`` after its header chunk."""
+    chunk = struct.pack(">I", len(body)) + kind + body
+    chunk += struct.pack(">I", zlib.crc32(kind + body))
+    ihdr_end = 8 + 12 + 13
+    return data[:ihdr_end] + chunk * count + data[ihdr_end:]
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "count", "reason"),
+    [
+        (b"tEXt", b"", 1_001, "over 1,000 text chunks"),  # each one a libpng warning line
+        (b"zzZz", b"", 100_001, "over 100,000 chunks"),  # walked, then left to the decoder
+    ],
+)
+def test_a_png_flooded_with_chunks_is_refused_quietly(
+    image: np.ndarray,
+    kind: bytes,
+    body: bytes,
+    count: int,
+    reason: str,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # QA: a million empty tEXt chunks took 3 s per decode and 32 MB of "tEXt: too short".
+    data = _with_chunks(png(image), kind, body, count)
+    with pytest.raises(DecodeError, match=reason) as info:
+        decode(data, key="flood.png")
+    assert "flood.png" in str(info.value)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_png_with_a_few_text_chunks_decodes(image: np.ndarray) -> None:
+    data = png(image)
+    tagged = _with_chunks(data, b"tEXt", b"Comment\x00made by a test", 20)
+    np.testing.assert_array_equal(decode(tagged).array, decode(data).array)
+
+
 def bmp_top_down(data: bytes) -> bytes:
     """The same BMP with its rows stored top first (a negative height), rows reversed."""
     (offset,) = struct.unpack("<I", data[10:14])
@@ -273,10 +310,22 @@ def test_a_cut_bmp_is_named_without_decoder_noise(
     for whole in (data, bmp_top_down(data), data + b"trailing"):
         np.testing.assert_array_equal(decode(whole).array, pillow_rgb(data))
     for cut in (20, 30, len(data) // 2, len(data) - 1):  # 30: inside the info header
-        with pytest.raises(DecodeError, match="truncated BMP: it ends") as info:
+        with pytest.raises(DecodeError, match="truncated or corrupt BMP: it ends") as info:
             decode(data[:cut], key="cut.bmp")
         assert "'cut.bmp'" in str(info.value)
     assert capfd.readouterr().err == ""  # OpenCV would print "imdecode_(''): can't read data"
+
+
+def test_a_bmp_with_an_undefined_compression_is_named_without_decoder_noise(
+    image: np.ndarray, capfd: pytest.CaptureFixture[str]
+) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "BMP")
+    data = bytearray(buf.getvalue())
+    struct.pack_into("<I", data, 30, 99)  # biCompression
+    with pytest.raises(DecodeError, match="names compression 99, which BMP does not define"):
+        decode(bytes(data), key="odd.bmp")
+    assert capfd.readouterr().err == ""  # OpenCV printed a failed assertion (QA)
 
 
 def test_a_bmp_bomb_is_a_bomb_before_it_is_cut_short() -> None:
