@@ -349,8 +349,32 @@ def readinto_file(key: str, location: str, buf: Buffer) -> int:
 # --------------------------------------------------------------------------- byte ranges
 
 
-def read_range(key: str, location: str, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` of a file: random access into a tar shard."""
+Stamp = tuple[int, int, int]
+"""A local file's (size, mtime in ns, inode): what `file_stamp` reads at indexing."""
+
+
+def file_stamp(fd: int) -> Stamp:
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _check_stamp(key: str, location: str, fd: int, stamp: Stamp | None) -> None:
+    """Refuse a read from a local file that changed since it was indexed: offsets into a
+    tar shard rewritten in place would read other members' bytes, quietly (QA: two
+    members swapped, each delivered with the other's pixels)."""
+    if stamp is not None and file_stamp(fd) != stamp:
+        raise OSError(
+            errno.ESTALE,
+            f"sample {key!r}: {location!r} changed (size, modification time or inode) since "
+            "it was indexed; build the index again (e.g. a new TarShards) after rewriting it",
+        )
+
+
+def read_range(
+    key: str, location: str, offset: int, size: int, stamp: Stamp | None = None
+) -> bytes:
+    """``size`` bytes at ``offset`` of a file: random access into a tar shard. A local
+    file must still match ``stamp``, if given."""
     check_size(key, size)
     try:
         path = local_path(location)
@@ -359,6 +383,7 @@ def read_range(key: str, location: str, offset: int, size: int) -> bytes:
             data: bytes = fs.cat_file(inner, start=offset, end=offset + size)
         else:
             with open_regular(key, path) as f:
+                _check_stamp(key, location, f.fileno(), stamp)
                 data = os.pread(f.fileno(), size, offset)
     except FileNotFoundError:
         raise not_found(key, location) from None
@@ -373,7 +398,9 @@ def read_range(key: str, location: str, offset: int, size: int) -> bytes:
     return data
 
 
-def readinto_range(key: str, location: str, offset: int, size: int, buf: Buffer) -> int:
+def readinto_range(
+    key: str, location: str, offset: int, size: int, buf: Buffer, stamp: Stamp | None = None
+) -> int:
     """Like :func:`read_range` but into ``buf``; returns ``size``."""
     view = byte_view(buf, key)
     check_size(key, size)
@@ -384,6 +411,7 @@ def readinto_range(key: str, location: str, offset: int, size: int, buf: Buffer)
         return _copy_into(key, read_range(key, location, offset, size), view)
     try:
         with open_regular(key, path) as f:
+            _check_stamp(key, location, f.fileno(), stamp)
             f.seek(offset)
             return _readinto_exact(key, f, view[:size])
     except FileNotFoundError:

@@ -80,7 +80,12 @@ class TarShards:
         self.classes = list(classes) if classes is not None else []
         # Remote shards are indexed concurrently: each scan is mostly waiting on I/O.
         with ThreadPoolExecutor(max_workers=min(index_threads, len(shards))) as pool:
-            per_shard = list(pool.map(index_shard, shards))
+            scanned = list(pool.map(_scan_shard, shards))
+        per_shard = [entries for entries, _ in scanned]
+        # Local shards: what each was when indexed, checked at every read (a shard
+        # rewritten in place would be read at stale offsets). Remote ones are trusted:
+        # asking an object store would cost a request per sample.
+        self._stamps = [stamp for _, stamp in scanned]
         counts = [len(entries) for entries in per_shard]
         self._shard = np.repeat(np.arange(len(shards), dtype=np.int32), counts)
         entries = [e for shard_entries in per_shard for e in shard_entries]
@@ -112,11 +117,15 @@ class TarShards:
 
     def read(self, i: int) -> bytes:
         j = check_index(i, len(self))
-        return _io.read_range(self.key(j), self.urls[self._shard[j]], *self._span(j))
+        shard = self._shard[j]
+        return _io.read_range(self.key(j), self.urls[shard], *self._span(j), self._stamps[shard])
 
     def readinto(self, i: int, buf: Buffer) -> int:
         j = check_index(i, len(self))
-        return _io.readinto_range(self.key(j), self.urls[self._shard[j]], *self._span(j), buf)
+        shard = self._shard[j]
+        return _io.readinto_range(
+            self.key(j), self.urls[shard], *self._span(j), buf, self._stamps[shard]
+        )
 
     def nbytes(self, i: int) -> int | None:
         return int(self._sizes[check_index(i, len(self))])
@@ -222,9 +231,11 @@ def check_member_name(name: str, shard: str) -> None:
         )
 
 
-def index_shard(shard: str) -> list[_Entry]:
-    """Scan one shard: ``(image member, offset, size, label)`` per sample, in archive order."""
+def _scan_shard(shard: str) -> tuple[list[_Entry], _io.Stamp | None]:
+    """Scan one shard: ``(image member, offset, size, label)`` per sample, in archive
+    order; and the shard's `_io.file_stamp` when it is a local file."""
     with _open_shard(shard) as f:
+        stamp = _io.file_stamp(f.fileno()) if _io.local_path(shard) is not None else None
         try:
             # Closed by the `with tar` below; the open itself needs the error rewrite.
             tar = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115
@@ -245,7 +256,7 @@ def index_shard(shard: str) -> list[_Entry]:
             except tarfile.TarError as exc:  # a member whose data would start past the end
                 raise ValueError(f"tar shard {shard!r} is truncated or corrupt: {exc}") from exc
             _check_end(shard, tar, size)
-            return entries
+            return entries, stamp
 
 
 def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
