@@ -80,12 +80,23 @@ class PeriodicThread:
                 return
             self._closed = True
             thread = self._thread
-        self._stop.set()
-        if thread is not None:
-            join_started(thread, _JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                _log.warning("%s did not stop within %.0f s", self._name, _JOIN_TIMEOUT_S)
-        self._teardown()
+        # A Ctrl-C held back by the stop event's `set` is raised once the join and the
+        # teardown (the JSONL logger's last line and its file) have run: raised from
+        # `set`, it skipped both, and a second close() found nothing left to do (QA).
+        interrupted = False
+        try:
+            self._stop.set()
+        except KeyboardInterrupt:
+            interrupted = True
+        try:
+            if thread is not None:
+                join_started(thread, _JOIN_TIMEOUT_S)
+                if thread.is_alive():
+                    _log.warning("%s did not stop within %.0f s", self._name, _JOIN_TIMEOUT_S)
+        finally:
+            self._teardown()
+        if interrupted:
+            raise KeyboardInterrupt
 
     @property
     def running(self) -> bool:

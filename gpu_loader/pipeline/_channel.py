@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from gpu_loader._threads import InterruptSafeEvent
+from gpu_loader._threads import InterruptSafeEvent, interrupt_deferred
 
 POLL_S = 0.05
 
@@ -74,11 +74,14 @@ class StopEvent(InterruptSafeEvent):
         waker()
 
     def set(self) -> None:
-        super().set()
-        with self._wake_lock:
-            wakers, self._wakers, self._woken = self._wakers, [], True
-        for waker in wakers:
-            waker()
+        # The wakers too, before a Ctrl-C held back meanwhile is raised: skipped, they
+        # left threads waiting on queues nobody woke (QA).
+        with interrupt_deferred():
+            threading.Event.set(self)
+            with self._wake_lock:
+                wakers, self._wakers, self._woken = self._wakers, [], True
+            for waker in wakers:
+                waker()
 
 
 class Stopped(Exception):

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import itertools
 import queue
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
+
+from gpu_loader._threads import interrupt_main_after
 
 from ._channel import EOS, POLL_S, WAKE, Channel
 from ._defs import IDLE
@@ -120,6 +123,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._state = "built"  # -> "running" -> "closed"
         self._iterating = False
+        self._completed = False
         self._finalizer = weakref.finalize(self, core.shutdown)
 
     # Lifecycle -------------------------------------------------------------------------
@@ -211,6 +215,7 @@ class Pipeline:
         )
         poll = POLL_S if idle_s is None else min(POLL_S, idle_s)
         idle_since: float | None = None  # when the current run of empty polls began
+        abandoned = False  # the consumer let go mid-stream (a `break`, the collector)
         try:
             while True:
                 if stopping():
@@ -233,13 +238,25 @@ class Pipeline:
                     break
                 credit_back(None)
                 if item is EOS:
+                    self._completed = True
                     break
                 add(0.0, 0.0, 0.0, occ, False)
                 yield item
             if rt.fatal is not None:
                 raise rt.fatal
+        except GeneratorExit:
+            abandoned = True
+            raise
         finally:
-            self.close()
+            try:
+                self.close()
+            except KeyboardInterrupt:
+                # A Ctrl-C during the close a `break` (or the collector) runs here: raised
+                # from this finalizer it would be printed as "Exception ignored" and lost
+                # (QA); it is raised again in the main thread once the close has returned.
+                if not abandoned or threading.current_thread() is not threading.main_thread():
+                    raise
+                interrupt_main_after(sys._getframe())
 
     # Inspection ------------------------------------------------------------------------
 
@@ -250,6 +267,13 @@ class Pipeline:
     def failures(self) -> list[FailureRecord]:
         """Every failure recorded so far, in stage order (a snapshot)."""
         return self._core.failures()
+
+    @property
+    def completed(self) -> bool:
+        """Whether the consumer has had the whole stream: False after a ``close()`` (from
+        another thread, say) ended its loop early, which it does quietly, without an
+        error; True once the last item was followed by the end of the stream."""
+        return self._completed
 
     @property
     def threads(self) -> list[threading.Thread]:

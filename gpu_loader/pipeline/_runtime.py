@@ -84,16 +84,25 @@ class Runtime:
             joined, first = self._joiner, self._joiner is None
             if first:
                 joined = self._joiner = InterruptSafeEvent()
-        self.stop.set()
         assert joined is not None
-        if not first:
-            if threading.current_thread() not in threads:  # one of ours would wait on itself
-                joined.wait(timeout)
-            return
+        interrupted = False
         try:
-            self._join(threads, timeout)
+            try:
+                self.stop.set()
+            except KeyboardInterrupt:  # held back until the event and its wakers were done
+                interrupted = True
+            if not first:
+                if threading.current_thread() not in threads:  # ours would wait on itself
+                    joined.wait(timeout)
+            else:
+                self._join(threads, timeout)
         finally:
-            joined.set()
+            # Whatever happened above: a later close must not wait out its timeout for
+            # a join that never ran (QA: a Ctrl-C in `set` made a `break` take 20 s).
+            if first:
+                joined.set()
+        if interrupted:
+            raise KeyboardInterrupt
 
     def _join(self, threads: list[threading.Thread], timeout: float) -> None:
         deadline = time.monotonic() + timeout

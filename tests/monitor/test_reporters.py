@@ -137,6 +137,36 @@ def test_jsonl_manual_writes_append(tmp_path: Path) -> None:
     assert lines[0] == {"earlier": 1} and lines[2]["samples"] == 7 and len(lines) == 3
 
 
+def test_a_ctrl_c_in_close_still_writes_the_last_line_and_closes_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA: a Ctrl-C held back by the stop event's `set` was raised before the join and the
+    # teardown, and the second close() found nothing to do: no last line, the file open.
+    import os
+    import signal
+    import threading
+    import time
+
+    path = tmp_path / "stats.jsonl"
+    logger = JsonlLogger(path, interval_s=60.0, source=make_stats)
+    logger.start()
+    real = threading.Event.set
+
+    def set_with_ctrl_c(event: threading.Event) -> None:
+        if event is logger._stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        real(event)
+
+    monkeypatch.setattr(threading.Event, "set", set_with_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        logger.close()
+    monkeypatch.undo()
+    assert not logger.running
+    assert len(path.read_text().splitlines()) == 2  # the first tick and the last line
+    assert logger._file is None or logger._file.closed
+
+
 def test_jsonl_failing_source_stops_logging_not_training(tmp_path: Path) -> None:
     def broken() -> LoaderStats:
         raise RuntimeError("stats exploded")

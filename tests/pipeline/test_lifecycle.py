@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -404,3 +405,125 @@ def test_a_broken_on_close_callback_is_logged_and_the_close_goes_on(
     assert gate.is_set()
     assert "on_close callback raised" in caplog.text
     assert wait_no_pipeline_threads() == []
+
+
+class _CtrlCInStopSet:
+    """Send a real SIGINT once, from the main thread, inside the next pipeline StopEvent's
+    ``set`` (a Ctrl-C that lands while a close stops the threads)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gpu_loader.pipeline._channel import StopEvent
+
+        self.armed = False
+        real = threading.Event.set
+
+        def set_with_ctrl_c(event: threading.Event) -> None:
+            if (
+                self.armed
+                and isinstance(event, StopEvent)
+                and threading.current_thread() is threading.main_thread()
+            ):
+                self.armed = False
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)  # let the handler run inside the set
+            real(event)
+
+        monkeypatch.setattr(threading.Event, "set", set_with_ctrl_c)
+
+
+def test_a_ctrl_c_while_a_close_stops_the_threads_costs_no_join_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # QA: raised from the stop event's `set`, the interrupt skipped the wakers and left
+    # the join unmarked, so every later close waited out its 10 s (a `break` took 20 s).
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ctrl_c = _CtrlCInStopSet(monkeypatch)
+    p = busy_pipeline()
+    p.start()
+    ctrl_c.armed = True
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        p.close()
+    p.close()
+    assert time.monotonic() - began < 5.0
+    assert p.threads == []
+
+
+def test_a_ctrl_c_during_a_breaks_close_reaches_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Raised from the iterator's finalizer, it was printed as "Exception ignored" and lost.
+    ctrl_c = _CtrlCInStopSet(monkeypatch)
+    p = busy_pipeline()
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(p):
+            if i == 5:
+                ctrl_c.armed = True
+                break
+        time.sleep(5)  # it comes within moments, waking this sleep
+    assert p.threads == []
+
+
+def test_a_generator_op_is_stopped_between_its_yields() -> None:
+    # QA: close() gave up on it after 10 s, and it ran on, its output list growing by
+    # 100 KB a millisecond.
+    yielded = 0
+
+    def endless(x: int) -> Iterator[int]:
+        nonlocal yielded
+        while True:
+            time.sleep(0.001)
+            yielded += 1
+            yield x
+
+    p = PipelineBuilder().add_source(range(4)).pipe(endless, name="tiles").add_sink(2).build()
+    p.start()
+    time.sleep(0.1)
+    began = time.monotonic()
+    p.close()
+    assert time.monotonic() - began < 2.0
+    assert p.threads == []
+    after = yielded
+    time.sleep(0.05)
+    assert yielded == after
+    assert p.failures() == []  # stopped, not failed
+
+
+def test_completed_tells_a_finished_stream_from_one_closed_early() -> None:
+    whole = PipelineBuilder().add_source(range(10)).pipe(lambda x: x).add_sink(2).build()
+    with whole:
+        assert list(whole) == list(range(10))
+    assert whole.completed
+    cut = busy_pipeline()
+    got = 0
+    with cut:
+        for _ in cut:
+            got += 1
+            if got == 3:
+                threading.Thread(target=cut.close).start()  # from another thread
+    assert got < 1_000_000 and not cut.completed
+
+
+def test_a_thread_an_interrupt_caught_starting_is_not_a_join_error() -> None:
+    # A Ctrl-C while Thread.start() waited for the new thread to say it started: the
+    # thread has an ident, and join() refused it ("cannot join thread before it is
+    # started"), an error that replaced the interrupt (QA: 1 in ~1,000 Ctrl-Cs).
+    from gpu_loader._threads import join_started
+
+    never = threading.Thread(target=lambda: None)
+    never._ident = 12345  # type: ignore[attr-defined]  # started, never said so
+    began = time.monotonic()
+    join_started(never, 0.05)
+    assert time.monotonic() - began < 1.0
+    with pytest.raises(RuntimeError, match="current thread"):
+        join_started(threading.current_thread(), 0.05)
+
+
+def test_an_interrupt_raised_again_wakes_a_sleeping_main_thread() -> None:
+    from gpu_loader._threads import interrupt_main_now
+
+    threading.Timer(0.1, interrupt_main_now).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        time.sleep(5)
+    assert time.monotonic() - began < 2.0  # `_thread.interrupt_main` waited out the sleep
