@@ -35,6 +35,7 @@ from gpu_loader._threads import (
     interrupt_main_after,
     join_started,
     loader_thread,
+    rescue_lost_interrupts,
 )
 from gpu_loader.batching import (
     AdaptiveThreshold,
@@ -279,6 +280,7 @@ class EpochBase:
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         import_codecs()  # here, not in a decode thread at the first PNG (see its docstring)
+        rescue_lost_interrupts()  # a Ctrl-C in a weakref callback of a thread freed
         self.loader = loader
         self.epoch = loader.epoch
         self.indices = loader.sampler.indices()

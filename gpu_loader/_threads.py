@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 THREAD_PREFIX = "gpu_loader-"
 """Every thread the loader starts is named with it (the engine's, the batcher, samplers)."""
@@ -78,6 +79,54 @@ def interrupt_main_after(inside: FrameType) -> None:
     threading.Thread(
         target=wait_then_interrupt, args=(inside,), name="gpu_loader-interrupt", daemon=True
     ).start()
+
+
+def set_through_interrupts(event: threading.Event) -> bool:
+    """``event.set()``, again if a Ctrl-C stopped it before it took effect; True when a
+    Ctrl-C came meanwhile (the caller raises it once its cleanup is done).
+
+    The loader's events hold a Ctrl-C back while they set (`InterruptSafeEvent`), but one
+    can still land just before that hold begins: the event was then never set, and a
+    join of the thread waiting on it took its full 10 s (QA)."""
+    interrupted = False
+    while not event.is_set():
+        try:
+            event.set()
+        except KeyboardInterrupt:
+            interrupted = True
+    return interrupted
+
+
+def rescue_lost_interrupts() -> None:
+    """Deliver again a Ctrl-C that Python would drop: one landing in a weakref callback
+    or a finalizer run by the main thread is printed as "Exception ignored" and lost,
+    and the loader's threads make such callbacks often (each `threading.Thread` freed
+    runs one; QA: about 1 in 100 Ctrl-Cs in a loop of short epochs). Installs a
+    `sys.unraisablehook` that hands everything else to the hook it wraps; again if
+    another hook has replaced it since (each epoch calls this)."""
+    global _rescue_hook
+    with _rescue_lock:
+        if sys.unraisablehook is _rescue_hook:
+            return
+        previous = sys.unraisablehook
+
+        def hook(unraisable: Any) -> None:
+            if (
+                isinstance(unraisable.exc_type, type)
+                and issubclass(unraisable.exc_type, KeyboardInterrupt)
+                and threading.current_thread() is threading.main_thread()
+            ):
+                # From a thread, once this callback has returned: raised here it would
+                # land in the same callback.
+                threading.Timer(0.001, interrupt_main_now).start()
+                return
+            previous(unraisable)
+
+        sys.unraisablehook = _rescue_hook = hook
+
+
+_rescue_hook: Any = None
+_rescue_lock = threading.Lock()
 
 
 def interrupt_main_now() -> None:

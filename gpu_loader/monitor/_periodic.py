@@ -13,7 +13,7 @@ import threading
 from types import TracebackType
 from typing import TypeVar
 
-from gpu_loader._threads import InterruptSafeEvent, join_started
+from gpu_loader._threads import InterruptSafeEvent, join_started, set_through_interrupts
 
 _log = logging.getLogger("gpu_loader.monitor")
 
@@ -83,11 +83,7 @@ class PeriodicThread:
         # A Ctrl-C held back by the stop event's `set` is raised once the join and the
         # teardown (the JSONL logger's last line and its file) have run: raised from
         # `set`, it skipped both, and a second close() found nothing left to do (QA).
-        interrupted = False
-        try:
-            self._stop.set()
-        except KeyboardInterrupt:
-            interrupted = True
+        interrupted = set_through_interrupts(self._stop)
         try:
             if thread is not None:
                 join_started(thread, _JOIN_TIMEOUT_S)

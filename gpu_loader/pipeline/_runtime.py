@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpu_loader._threads import InterruptSafeEvent, join_started
+from gpu_loader._threads import InterruptSafeEvent, join_started, set_through_interrupts
 
 from ._channel import StopEvent
 from ._errors import PipelineFailure, add_note
@@ -87,10 +87,8 @@ class Runtime:
         assert joined is not None
         interrupted = False
         try:
-            try:
-                self.stop.set()
-            except KeyboardInterrupt:  # held back until the event and its wakers were done
-                interrupted = True
+            # A Ctrl-C meanwhile is raised once the threads are joined.
+            interrupted = set_through_interrupts(self.stop)
             if not first:
                 if threading.current_thread() not in threads:  # ours would wait on itself
                     joined.wait(timeout)
@@ -99,8 +97,8 @@ class Runtime:
         finally:
             # Whatever happened above: a later close must not wait out its timeout for
             # a join that never ran (QA: a Ctrl-C in `set` made a `break` take 20 s).
-            if first:
-                joined.set()
+            if first and set_through_interrupts(joined):
+                interrupted = True
         if interrupted:
             raise KeyboardInterrupt
 

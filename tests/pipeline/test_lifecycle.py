@@ -527,3 +527,56 @@ def test_an_interrupt_raised_again_wakes_a_sleeping_main_thread() -> None:
     with pytest.raises(KeyboardInterrupt):
         time.sleep(5)
     assert time.monotonic() - began < 2.0  # `_thread.interrupt_main` waited out the sleep
+
+
+def test_an_event_set_cut_short_by_a_ctrl_c_is_set_again() -> None:
+    # A Ctrl-C just before an event's set took hold left it unset, and the close then
+    # waited 10 s for a thread that never saw it (QA: the process sampler).
+    from gpu_loader._threads import set_through_interrupts
+
+    class CutOnce(threading.Event):
+        cut = False
+
+        def set(self) -> None:
+            if not self.cut:
+                self.cut = True
+                raise KeyboardInterrupt
+            super().set()
+
+    event = CutOnce()
+    assert set_through_interrupts(event) is True and event.is_set()
+    assert set_through_interrupts(threading.Event()) is False
+
+
+def test_a_ctrl_c_in_a_weakref_callback_is_delivered_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python prints "Exception ignored" for it and goes on; the loader's threads run such
+    # callbacks as they are freed (QA: ~1 in 100 Ctrl-Cs lost in a loop of short epochs).
+    import weakref
+
+    from gpu_loader._threads import rescue_lost_interrupts
+
+    others: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", others.append)
+    rescue_lost_interrupts()
+
+    class Thing:
+        pass
+
+    def interrupted(_: object) -> None:
+        raise KeyboardInterrupt
+
+    def failing(_: object) -> None:
+        raise ValueError("not an interrupt")
+
+    thing, other = Thing(), Thing()
+    refs = [weakref.ref(thing, interrupted), weakref.ref(other, failing)]
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        del thing
+        time.sleep(5)
+    assert time.monotonic() - began < 2.0
+    del other
+    assert [u.exc_type for u in others] == [ValueError]  # the rest go to the hook it wrapped
+    assert [r() for r in refs] == [None, None]
