@@ -402,8 +402,14 @@ class EpochBase:
         return self.stopping.is_set() or self.pipeline_closed.is_set()
 
     def task_at(self, position: int, index_of: Callable[[int], str]) -> Task:
-        index = int(self.indices[position])
+        """The task of ``position``, marked started in the batcher."""
         self.batcher.started(position)
+        return self.new_task(position, index_of)
+
+    def new_task(self, position: int, index_of: Callable[[int], str]) -> Task:
+        """The task of ``position`` (``index_of``: the source's ``key``), batcher untold:
+        `task_at`'s, and `padding_batch`'s repeats of delivered samples."""
+        index = int(self.indices[position])
         return Task(position, index, index_of(index), stream=self.stream_of(position, index))
 
     def stream_of(self, position: int, index: int) -> int:
@@ -738,14 +744,12 @@ class EpochBase:
             self.padding_next += 1
             if position in self.padding_failed:
                 continue
-            index = int(self.indices[position])
-            key = loader.source.key(index)
-            task = Task(position, index, key, stream=self.stream_of(position, index))
+            task = self.new_task(position, loader.source.key)
             try:
-                task.data = bytes(loader.source.read(index))
+                task.data = bytes(loader.source.read(task.index))
                 self.load(task, rows[len(positions)])  # with `augment`, as the first time
             except Exception as exc:
-                logger.warning("a repeat to pad the epoch failed: %s: %s", key, exc)
+                logger.warning("a repeat to pad the epoch failed: %s: %s", task.key, exc)
                 self.padding_failed.add(position)
                 continue
             positions.append(position)
