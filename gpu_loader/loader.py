@@ -25,7 +25,7 @@ import numpy as np
 
 from gpu_loader._augment import Augment, check_augment
 from gpu_loader._batch_pool import BatchPool
-from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher, stage_failures_of
+from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader._run_sizer import RunSizer
 from gpu_loader.batching import AdaptiveThreshold
@@ -678,14 +678,15 @@ class ImageLoader:
 
     def _check_batcher_state(self, state: Any) -> None:
         """Raise now, not at the next iteration, for a batcher state this loader's epochs
-        could not take (the resumed epoch builds its batcher the same way)."""
+        could not take (the resumed epoch builds its batcher and record the same way)."""
         if not isinstance(state, Mapping):
             raise ValueError(
                 f"loader state's 'batcher' entry must be a dict, got {type(state).__name__}"
             )
         try:
-            make_batcher(self, len(self.sampler)).load_state_dict(state)
-            stage_failures_of(state, sum(stop - start for start, stop in state["failed"]))
+            batcher = make_batcher(self, len(self.sampler))
+            batcher.load_state_dict(state)
+            Received(batcher, state)  # its failures per stage too
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
 
