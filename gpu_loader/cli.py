@@ -39,6 +39,14 @@ def in_flags(message: str, flags: dict[str, str]) -> str:
 
 # Library parameter -> the flag that sets it, per command.
 _DEMO_FLAGS = {"decode_threads": "--threads", "device": "--device", "batch_size": "--batch-size"}
+
+
+def _in_demo_flags(message: str) -> str:
+    """A library message in `demo`'s terms: its flags, and ``--device cuda`` for
+    ``device='cuda'``."""
+    return re.sub(r"device='([\w:]+)'", r"--device \1", in_flags(message, _DEMO_FLAGS))
+
+
 _MAKE_FLAGS = {
     "num_images": "--num",
     "num_classes": "--classes",
@@ -281,7 +289,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:  # before the demo dataset is made: that takes a while
         _resolve_device(device)
     except (ValueError, RuntimeError) as exc:
-        raise CliError(re.sub(r"device='([\w:]+)'", r"--device \1", str(exc))) from None
+        raise CliError(_in_demo_flags(str(exc))) from None
     data = args.data if args.data is not None else demo_dataset(args.num_images)
     index = _open_data(data)
     try:
@@ -309,9 +317,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             code=EXIT_FAILED,
         ) from None
     except (ValueError, RuntimeError) as exc:
-        message = in_flags(str(exc), _DEMO_FLAGS)
-        message = re.sub(r"device='([\w:]+)'", r"--device \1", message)
-        raise CliError(message) from None
+        raise CliError(_in_demo_flags(str(exc))) from None
     print(report.text)
     if args.json is not None:
         args.json.write_text(report.json)
