@@ -74,9 +74,10 @@ def time_stage(
     are those of one pass (every pass meets the same files)."""
     from gpu_loader.pipeline import PipelineBuilder
 
-    done, failures, passes = 0, 0, 0
-    start = time.perf_counter()
-    while passes < MAX_PASSES and (passes == 0 or time.perf_counter() - start < min_s):
+    failures = 0
+
+    def one_pass() -> int:
+        nonlocal failures
         pipeline = (
             PipelineBuilder()
             .add_source(items)
@@ -88,10 +89,20 @@ def time_stage(
             for _ in pipeline:
                 pass
         failures = len(pipeline.failures())
-        done += len(items) - failures
+        return len(items) - failures
+
+    return StageProfile(name, threads, passes_rate(one_pass, min_s), failures)
+
+
+def passes_rate(one_pass: Callable[[], int], min_s: float = MIN_TIMED_S) -> float:
+    """Items per second over ``one_pass()`` (it returns the items it did) run again and
+    again until ``min_s`` have gone by, at most `MAX_PASSES` times."""
+    done, passes, start = 0, 0, time.perf_counter()
+    while passes < MAX_PASSES and (passes == 0 or time.perf_counter() - start < min_s):
+        done += one_pass()
         passes += 1
     elapsed = time.perf_counter() - start
-    return StageProfile(name, threads, done / elapsed if elapsed > 0 else 0.0, failures)
+    return done / elapsed if elapsed > 0 else 0.0
 
 
 def profile_stage(
@@ -189,13 +200,7 @@ def loader_rate(
     with loader:
         for _ in loader:
             pass
-        images, passes, start = 0, 0, time.perf_counter()
-        while passes < MAX_PASSES and (passes == 0 or time.perf_counter() - start < min_s):
-            for batch, _ in loader:
-                images += int(batch.shape[0])
-            passes += 1
-        elapsed = time.perf_counter() - start
-    return images / elapsed if elapsed > 0 else 0.0
+        return passes_rate(lambda: sum(int(batch.shape[0]) for batch, _ in loader), min_s)
 
 
 def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -> str:
