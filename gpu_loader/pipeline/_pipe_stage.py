@@ -96,7 +96,8 @@ class PipeStage(Stage):
         if not spec.is_generator:
             return call
 
-        stopping = self.rt.stop.is_set if self.rt is not None else lambda: False
+        assert self.rt is not None  # called by a worker: the stage has started
+        stopping = self.rt.stop.is_set
 
         def collect(item: Any) -> Any:
             # Collected so the task time is the op's time alone; SKIP inside is ignored.
