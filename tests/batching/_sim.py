@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,17 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def start_and_push(
+    batcher: OrderedBatcher[int] | StragglerBatcher[int], started: int, ready: Iterable[int]
+) -> None:
+    """Start positions ``0 .. started - 1``, then complete those in ``ready`` (in that
+    order, each with its position as its item)."""
+    for p in range(started):
+        batcher.started(p)
+    for p in ready:
+        batcher.push(p, p)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpu_loader.batching import BatchPlan, OrderedBatcher
 
-from ._sim import FakeClock
+from ._sim import FakeClock, start_and_push
 
 
 def ordered_batches(
@@ -120,10 +120,7 @@ def test_the_batch_before_a_short_last_one_waits_for_it_and_makes_up_for_it() ->
     # A lone last sample that fails: with the batch before it already gone, the epoch
     # would end a batch short on this rank alone.
     b: OrderedBatcher[int] = OrderedBatcher(4, 9, window=8)
-    for p in range(9):
-        b.started(p)
-    for p in range(8):
-        b.push(p, p)
+    start_and_push(b, 9, range(8))
     assert [x.positions for x in iter(b.pop, None)] == [(0, 1, 2, 3)]  # (4..7) waits for 8
     assert b.stats().held_back == 1
     b.fail(8)
@@ -133,10 +130,7 @@ def test_the_batch_before_a_short_last_one_waits_for_it_and_makes_up_for_it() ->
 
 def test_the_batch_before_a_full_last_one_does_not_wait() -> None:
     b: OrderedBatcher[int] = OrderedBatcher(2, 6, window=4)
-    for p in range(6):
-        b.started(p)
-    for p in range(4):
-        b.push(p, p)
+    start_and_push(b, 6, range(4))
     assert [x.positions for x in iter(b.pop, None)] == [(0, 1), (2, 3)]
 
 

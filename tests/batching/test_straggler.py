@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpu_loader.batching import OrderedBatcher, StragglerBatcher
 
-from ._sim import FakeClock, check_exactly_once, simulate
+from ._sim import FakeClock, check_exactly_once, simulate, start_and_push
 
 # Heavy tail: most tasks take 1-3 ticks, about one in ten 8-16 times longer.
 DURATION = st.one_of(
@@ -77,10 +77,7 @@ def test_a_last_sample_that_fails_after_the_others_does_not_cost_a_batch(delay: 
     # Batches of 4 over 9 samples: the lone last one still running when 4-7 are ready.
     # Emitting all four left nothing for the last batch when that sample then failed.
     batcher: StragglerBatcher[int] = StragglerBatcher(4, 9, max_delay_batches=delay)
-    for p in range(9):
-        batcher.started(p)
-    for p in range(8):
-        batcher.push(p, p)
+    start_and_push(batcher, 9, range(8))
     out = list(iter(batcher.pop, None))
     if delay:
         assert [b.positions for b in out] == [(0, 1, 2, 3)]  # (4-7) waits for 8
@@ -98,19 +95,13 @@ def test_without_wait_for_last_the_batch_before_the_last_goes_at_once() -> None:
     batcher: StragglerBatcher[int] = StragglerBatcher(
         4, 9, max_delay_batches=2, wait_for_last=False
     )
-    for p in range(9):
-        batcher.started(p)
-    for p in range(8):
-        batcher.push(p, p)
+    start_and_push(batcher, 9, range(8))
     assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
 
 
 def test_the_batch_before_the_last_waits_only_for_the_first_of_the_last_s_samples() -> None:
     batcher: StragglerBatcher[int] = StragglerBatcher(4, 11, max_delay_batches=2)
-    for p in range(11):
-        batcher.started(p)
-    for p in range(8):
-        batcher.push(p, p)
+    start_and_push(batcher, 11, range(8))
     assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3)]
     batcher.push(9, 9)  # 8 and 10 still running: the last batch has a sample
     assert [b.positions for b in iter(batcher.pop, None)] == [(4, 5, 6, 7)]
@@ -121,10 +112,7 @@ def test_the_batch_before_the_last_waits_only_for_the_first_of_the_last_s_sample
 
 def test_the_batch_before_the_last_is_whole_when_the_last_has_a_ready_sample() -> None:
     batcher: StragglerBatcher[int] = StragglerBatcher(4, 10, max_delay_batches=2)
-    for p in range(10):
-        batcher.started(p)
-    for p in range(9):
-        batcher.push(p, p)
+    start_and_push(batcher, 10, range(9))
     assert [b.positions for b in iter(batcher.pop, None)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     batcher.fail(9)
     assert [b.positions for b in batcher.pop_final()] == [(8,)]
@@ -209,10 +197,7 @@ def test_fast_samples_fill_batches_and_the_straggler_joins_a_later_one() -> None
 
 def test_pending_straggler_blocks_only_at_its_bound() -> None:
     b: StragglerBatcher[int] = StragglerBatcher(2, 10, max_delay_batches=1, clock=FakeClock())
-    for p in range(10):
-        b.started(p)
-    for p in range(1, 10):
-        b.push(p, p)
+    start_and_push(b, 10, range(1, 10))
     batch = b.pop()
     assert batch is not None and batch.positions == (1, 2)
     assert b.pop() is None  # batch 1 is position 0's last chance
@@ -252,10 +237,7 @@ def test_drop_last_keeps_the_same_deterministic_set_as_ordered_mode() -> None:
 
 def test_short_tail_waits_until_every_position_completed() -> None:
     b: StragglerBatcher[int] = StragglerBatcher(4, 6, clock=FakeClock())
-    for p in range(6):
-        b.started(p)
-    for p in (0, 1, 2, 3, 4):
-        b.push(p, p)
+    start_and_push(b, 6, (0, 1, 2, 3, 4))
     first = b.pop()
     assert first is not None and first.positions == (0, 1, 2, 3)
     assert b.pop() is None  # only 1 ready and position 5 still running
@@ -348,10 +330,7 @@ def test_cost_reordered_starts_keep_the_bound_and_progress(
 def head_of_line_missing() -> StragglerBatcher[int]:
     """Batch size 4, positions 0-7 started, 1-4 ready: batch 0 waits only for position 0."""
     b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
-    for p in range(8):
-        b.started(p)
-    for p in (1, 2, 3, 4):
-        b.push(p, p)
+    start_and_push(b, 8, (1, 2, 3, 4))
     return b
 
 
@@ -392,10 +371,7 @@ def test_pop_waits_for_a_named_position_it_would_skip() -> None:
 
 def test_a_named_position_holds_the_batch_only_until_it_completes() -> None:
     b: StragglerBatcher[int] = StragglerBatcher(4, 12, max_delay_batches=2)
-    for p in range(8):
-        b.started(p)
-    for p in (0, 2, 4, 5):
-        b.push(p, p)
+    start_and_push(b, 8, (0, 2, 4, 5))
     assert b.pop(wait_for=[3]) is None  # the batch (0, 2, 4, 5) would skip 1 and 3
     b.push(3, 3)
     # Position 3 is ready now: the batch skips only position 1, which is not named.
