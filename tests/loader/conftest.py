@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +62,18 @@ def bad_list(
         bad_keys.add(str(path))
         items.insert(3 + 5 * j, (str(path), 1000 + j))
     return FileList(items), bad_keys
+
+
+def checkpoint_after_a_failure(loader: Any) -> dict[str, Any]:
+    """A mid-epoch ``state_dict()`` (through JSON) of ``loader``, taken after its first
+    batch once it has met a bad file: its threads run ahead of the batches, but in
+    straggler mode the first batch can come before any bad file has been tried. Closes
+    the loader."""
+    it = iter(loader)
+    next(it)
+    deadline = time.monotonic() + 30
+    while not loader.failed_samples() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state: dict[str, Any] = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    return state

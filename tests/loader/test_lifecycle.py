@@ -23,6 +23,7 @@ import pytest
 import gpu_loader as gl
 from gpu_loader.ops import EvalTransform
 from gpu_loader.sources import FileList
+from tests.loader.conftest import checkpoint_after_a_failure
 
 SMALL = EvalTransform(32, resize=36)
 
@@ -321,11 +322,8 @@ def test_max_failures_counts_the_failures_before_the_checkpoint(
             pass
     # (No limit while saving: the threads may meet every bad file before the first batch.)
     saver = make(items, max_failures=None, batching=batching, shuffle=False)
-    it = iter(saver)
-    next(it)
-    state = json.loads(json.dumps(saver.state_dict()))
+    state = checkpoint_after_a_failure(saver)
     assert state["batcher"]["failed_stages"]  # the checkpoint saw a bad file
-    saver.close()
     fresh = make(items, max_failures=limit, batching=batching, shuffle=False)
     fresh.load_state_dict(state)
     with pytest.raises(gl.PipelineFailure, match=re.escape(message)):
@@ -338,10 +336,7 @@ def test_a_state_from_before_failures_were_kept_per_stage_counts_them_as_decode(
 ) -> None:
     items, _ = bad_list
     saver = make(items, max_failures=None, shuffle=False)
-    it = iter(saver)
-    next(it)
-    state = json.loads(json.dumps(saver.state_dict()))
-    saver.close()
+    state = checkpoint_after_a_failure(saver)
     failed = sum(stop - start for start, stop in state["batcher"]["failed"])
     assert failed and sum(state["batcher"]["failed_stages"].values()) == failed
     old = json.loads(json.dumps(state))

@@ -23,7 +23,7 @@ from gpu_loader.cuda import standin_ports
 from gpu_loader.ops import EvalTransform, TrainTransform
 from gpu_loader.pipeline import PipelineFailure
 from gpu_loader.sources import FileList
-from tests.loader.conftest import image_files
+from tests.loader.conftest import checkpoint_after_a_failure, image_files
 
 SIZE = 32
 
@@ -75,11 +75,8 @@ def test_max_failures_counts_the_fetch_failures_before_the_checkpoint(
     with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
         labels_of(make(source, batch_size=4, shuffle=False, max_failures=3))
     saver = make(source, batch_size=4, shuffle=False, max_failures=None)  # no limit while saving
-    it = iter(saver)
-    next(it)
-    state = json.loads(json.dumps(saver.state_dict()))
+    state = checkpoint_after_a_failure(saver)
     assert state["batcher"]["failed_stages"].get("fetch")
-    saver.close()
     fresh = make(source, batch_size=4, shuffle=False, max_failures=3)
     fresh.load_state_dict(state)
     with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
