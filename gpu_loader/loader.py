@@ -58,6 +58,8 @@ DecodeOn = Literal["auto", "cpu", "gpu"]
 OnError = Literal["skip", "raise"]
 Device = Literal["cpu", "cuda", "auto"]
 _STATE_VERSION = 1
+MIN_LOG_INTERVAL_S = 0.1
+"""The shortest `LoaderOptions.log_interval_s`: one second's lines at most ten."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ class LoaderOptions:
     log_jsonl: str | None = None
     """Append a `stats().as_dict()` line to this file every `log_interval_s` seconds."""
     log_interval_s: float = 10.0
-    """Seconds between JSON-lines snapshots."""
+    """Seconds between JSON-lines snapshots; at least 0.1 (each line builds a full
+    `stats()` in a thread that shares the GIL with the loader)."""
     decode_on: DecodeOn = "auto"
     """Where images are decoded and transformed: ``auto`` is the GPU when the device is
     CUDA (nvImageCodec batch decode + fused kernels), unless the loader asks for what the
@@ -146,6 +149,11 @@ class LoaderOptions:
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
             raise TypeError(f"`pin_memory` must be True, False or None, got {self.pin_memory!r}")
         check_interval("log_interval_s", self.log_interval_s)
+        if self.log_interval_s < MIN_LOG_INTERVAL_S:
+            raise ValueError(
+                f"`log_interval_s` must be at least {MIN_LOG_INTERVAL_S} s (each line builds a "
+                f"full stats() while the loader runs), got {self.log_interval_s!r}"
+            )
         if self.batch_timeout_s is not None:
             check_interval("batch_timeout_s", self.batch_timeout_s)
         if self.log_jsonl is not None:

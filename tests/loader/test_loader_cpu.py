@@ -737,7 +737,7 @@ def test_a_checkpoint_among_the_repeats_resumes_the_rest_of_them(
 def test_a_full_disk_under_the_stats_log_does_not_stop_training(unique_list: FileList) -> None:
     # Closing the log at an epoch's end flushed what a failed write had left and raised
     # ENOSPC from the training loop's last next(); every later pass then failed too.
-    options = gl.LoaderOptions(log_jsonl="/dev/full", log_interval_s=0.01, monitor_gpu=False)
+    options = gl.LoaderOptions(log_jsonl="/dev/full", log_interval_s=0.1, monitor_gpu=False)
     loader = make(unique_list, batch_size=16, options=options)
     for _ in range(3):
         assert sorted(labels_of(run_epoch(loader))) == list(range(len(unique_list)))
@@ -1166,6 +1166,8 @@ def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: Fil
     [
         ("log_interval_s", 0, "log_interval_s"),
         ("log_interval_s", float("nan"), "log_interval_s"),
+        # A line every millisecond built a full stats() a thousand times a second.
+        ("log_interval_s", 0.01, "at least 0.1"),
         ("log_jsonl", "/no/such/folder/stats.jsonl", "does not exist"),
         ("progress", "yes", "progress"),
         ("monitor_gpu", 1, "monitor_gpu"),
