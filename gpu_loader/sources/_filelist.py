@@ -7,12 +7,15 @@ import csv
 import io
 import os
 import posixpath
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from gpu_loader.sources import _io
 from gpu_loader.sources._base import FileIndex, check_label, check_labels_index
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 class FileList(FileIndex):
@@ -22,7 +25,9 @@ class FileList(FileIndex):
     may be mixed. ``classes`` optionally names the labels (``classes[label]``). With
     ``root`` (a folder or URL) every path must be relative to it: keys are the joined
     paths, and `fingerprint` covers the paths as given, so the data may move with its list
-    and a saved run still resumes.
+    and a saved run still resumes. Without ``root``, relative local paths are taken
+    relative to the working directory when the list is made (the keys are absolute, so a
+    later ``os.chdir`` does not change what they name).
     """
 
     def __init__(
@@ -57,7 +62,13 @@ class FileList(FileIndex):
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))
         names = list(classes) if classes is not None else []
         check_labels_index(labels, names, "FileList")
-        prefix = "" if root is None else _as_prefix(os.fspath(root))
+        if root is not None:
+            prefix = _as_prefix(os.fspath(root))
+        elif locations and not any(_absolute(entry) for entry in locations):
+            prefix = _as_prefix(os.getcwd())  # the names, and so the fingerprint, as given
+        else:
+            prefix = ""
+            locations = [_join(os.getcwd(), entry) for entry in locations]
         super().__init__(locations, np.array(labels, np.int64), None, names, prefix)
 
     @classmethod
@@ -65,6 +76,9 @@ class FileList(FileIndex):
         cls, path: str | os.PathLike[str], *, classes: Sequence[str] | None = None
     ) -> FileList:
         """Read a CSV with the header ``path,label`` (extra columns are ignored).
+
+        Paths are taken as written, less the spaces right after a comma (quote a path to
+        keep them); labels are integers in decimal digits.
 
         Relative paths are taken relative to the CSV's own folder (or URL), so a dataset
         folder with its CSV inside can be moved as a whole: when every path is relative,
@@ -85,7 +99,10 @@ class FileList(FileIndex):
                 f"CSV {location!r} line {line}: not UTF-8 text (byte {data[at]:#04x} "
                 f"at offset {at}); save the list as UTF-8"
             ) from None
-        rows = csv.reader(io.StringIO(text, newline=None))  # \n, \r\n and old Mac \r lines
+        # newline="": the csv module ends lines at \n, \r\n or an old Mac \r itself, and a
+        # quoted path keeps the \r or \n it holds (translating them named another file)
+        # skipinitialspace: "a.jpg, 3" and a header "label, path" read as meant
+        rows = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:
             raise ValueError(
@@ -95,18 +112,23 @@ class FileList(FileIndex):
         p_col, l_col = header.index("path"), header.index("label")
         base = _base_of(location)
         items: list[tuple[str, int]] = []
-        for line, row in enumerate(rows, start=2):
+        for row in rows:
+            line = rows.line_num  # where the row ends (a quoted path may span lines)
             if not row or all(not c.strip() for c in row):
                 continue  # blank lines are harmless
             if len(row) <= max(p_col, l_col):
                 raise ValueError(f"CSV {location!r} line {line}: too few columns in {row!r}")
-            try:
-                label = int(row[l_col].strip())
-            except ValueError:
-                raise ValueError(
-                    f"CSV {location!r} line {line}: label {row[l_col]!r} is not an integer"
-                ) from None
-            items.append((row[p_col].strip(), label))
+            where = f"CSV {location!r} line {line}"
+            # digits only: int() also took "1_000" and full-width digits
+            if not _INTEGER.fullmatch(row[l_col].strip()):
+                raise ValueError(f"{where}: label {row[l_col]!r} is not an integer")
+            label = check_label(int(row[l_col]), where)
+            entry = row[p_col]  # as written: no strip, a quoted " a.jpg" names " a.jpg"
+            if not entry.strip():
+                raise ValueError(f"{where}: the path is empty")
+            if "\x00" in entry:
+                raise ValueError(f"{where}: path {entry!r} holds a NUL byte")
+            items.append((entry, label))
         if all(not _absolute(entry) for entry, _ in items):
             return cls(items, classes=classes, root=base)
         return cls([(_join(base, entry), label) for entry, label in items], classes=classes)

@@ -108,6 +108,12 @@ def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
         ("", "header row naming"),
         ("path,label\na.jpg,one\n", "line 2: label 'one' is not an integer"),
         ("path,label\na.jpg,1\nb.jpg\n", "line 3: too few columns"),
+        # These named the FileList item (0-based) and not the CSV or its line.
+        ('path,label\na.jpg,1\n"",2\n', "line 3: the path is empty"),
+        ("path,label\na\x00.jpg,1\n", r"line 2: path 'a\\x00\.jpg' holds a NUL byte"),
+        (f"path,label\na.jpg,{2**70}\n", "line 2 does not fit in int64"),
+        ("path,label\na.jpg,1_000\n", "line 2: label '1_000' is not an integer"),
+        ('path,label\n"a\nb.jpg",1\nc.jpg,x\n', "line 4: label 'x'"),  # lines, not rows
     ],
 )
 def test_bad_csv_is_a_clear_error(tmp_path: Path, text: str, match: str) -> None:
@@ -242,3 +248,36 @@ def test_a_csv_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
     csv_path.write_bytes(b"\xef\xbb\xbfpath,label\na.jpg,0\ncaf\xe9.jpg,1\n")  # with a BOM
     with pytest.raises(ValueError, match=r"line 3: not UTF-8 text \(byte 0xe9 at offset 25\)"):
         FileList.from_csv(csv_path)
+
+
+def test_a_csv_path_is_taken_as_written(tmp_path: Path) -> None:
+    # QA: a quoted " a.jpg" was stripped to "a.jpg", and a quoted "a\rb.jpg" read as
+    # "a\nb.jpg": each delivered another file's pixels when that file existed.
+    names = [" a.jpg", "a.jpg", "a\rb.jpg", "a\nb.jpg"]
+    for n, name in enumerate(names):
+        write(tmp_path / name, image_bytes(n))
+    rows = "".join(f'"{name}",{n}\r\n' for n, name in enumerate(names))
+    (tmp_path / "l.csv").write_bytes(("path,label\r\n" + rows).encode())
+    index = FileList.from_csv(tmp_path / "l.csv")
+    assert [index.key(i) for i in range(4)] == [os.path.join(tmp_path, n) for n in names]
+    assert [index.read(i) for i in range(4)] == [(tmp_path / n).read_bytes() for n in names]
+    # A space after a comma is not part of the field, in the header or a row.
+    (tmp_path / "h.csv").write_text("label, path\n3, a.jpg\n")
+    spaced = FileList.from_csv(tmp_path / "h.csv")
+    assert (spaced.key(0), spaced.label(0)) == (os.path.join(tmp_path, "a.jpg"), 3)
+
+
+def test_relative_paths_keep_naming_their_files_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA: the keys stayed relative, so a chdir after the index was made failed every read.
+    write(tmp_path / "imgs" / "a.jpg", image_bytes(1))
+    other = write(tmp_path / "b.jpg", image_bytes(2))
+    monkeypatch.chdir(tmp_path)
+    relative = FileList([("imgs/a.jpg", 0)])
+    mixed = FileList([("imgs/a.jpg", 0), (str(other), 1)])
+    monkeypatch.chdir(tmp_path / "imgs")
+    assert relative.read(0) == mixed.read(0) == (tmp_path / "imgs" / "a.jpg").read_bytes()
+    assert relative.key(0) == os.path.join(tmp_path, "imgs", "a.jpg")
+    # The names as given still make the fingerprint: the list moves with its data.
+    assert relative.fingerprint() == FileList([("imgs/a.jpg", 0)], root="/else").fingerprint()
