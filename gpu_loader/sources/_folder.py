@@ -39,6 +39,7 @@ class ImageFolder(FileIndex):
     Keys are the files' paths (or URLs); the fingerprint uses paths relative to ``root``
     so a dataset moved to another mount still resumes. A class folder without images is
     an error unless ``allow_empty=True`` (it then keeps its label but has no samples).
+    Unlike torchvision, macOS resource forks (``._x.jpg``) are passed over.
     """
 
     def __init__(
@@ -61,7 +62,9 @@ class ImageFolder(FileIndex):
         path = _io.local_path(root_s)
         if path is not None:
             classes, files = _scan_local(path, exts, allow_empty)
-            prefix = os.path.join(path, "")
+            # absolute, so the keys still name the files after a change of working
+            # directory (the fingerprint's names are relative to the root either way)
+            prefix = os.path.join(os.path.abspath(path), "")
             if root_s.startswith("file://"):
                 prefix = f"file://{prefix}"
         else:
@@ -117,6 +120,13 @@ class ImageFolder(FileIndex):
 _Found = tuple[str, int, int]
 
 
+def _apple_double(name: str) -> bool:
+    """A macOS resource fork ("._x.jpg", left by copies from a Mac): no image, and as a
+    sample a decode failure per epoch (torchvision lists them). TarShards passes them
+    over too."""
+    return name.startswith("._")
+
+
 def _no_classes(root: str) -> FileNotFoundError:
     return FileNotFoundError(
         f"ImageFolder found no class folders in {root!r}; expected root/<class>/<image> "
@@ -149,7 +159,7 @@ def _scan_local(
         for dirpath, fnames in sorted(_walk(os.path.join(root, name), above)):
             rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
-                if fname.lower().endswith(exts):
+                if fname.lower().endswith(exts) and not _apple_double(fname):
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
                     files.append((rel_dir + fname, label, -1))
         if len(files) == before:
@@ -222,7 +232,10 @@ def _scan_fsspec(
         found = fs.find(f"{inner}/{name}", detail=True)
         chosen = []
         for path, info in found.items():
-            if info.get("type") == "file" and posixpath.basename(path).lower().endswith(exts):
+            base = posixpath.basename(path)
+            if info.get("type") == "file" and base.lower().endswith(exts):
+                if _apple_double(base):
+                    continue
                 size = info.get("size")
                 chosen.append((path, -1 if size is None else int(size)))
         if not chosen:

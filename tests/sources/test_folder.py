@@ -346,3 +346,28 @@ def test_a_file_name_that_is_not_utf8_loads(tree: Path) -> None:
     assert len(index.fingerprint()) == 32
     i = next(i for i in range(len(index)) if "caf" in index.key(i))
     assert index.read(i) == (tree / "dog" / "b.jpg").read_bytes()
+
+
+def test_a_relative_root_keeps_naming_its_files_after_a_chdir(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA: keys stayed relative ("train/cat/a.jpg"): after a chdir every read failed.
+    monkeypatch.chdir(tree.parent)
+    index = ImageFolder("train")
+    monkeypatch.chdir(tree / "dog")
+    assert index.key(0) == os.path.join(tree, TREE_EXPECTED[0][0])
+    assert index.read(0) == (tree / TREE_EXPECTED[0][0]).read_bytes()
+    assert index.root == "train"  # as given, as torchvision keeps it
+
+
+def test_macos_resource_forks_are_passed_over(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    # QA: a folder copied from a Mac indexed each "._x.jpg" (not an image) as a sample,
+    # and the default failure limit then stopped the epoch; TarShards passed them over.
+    for rel, _ in TREE_EXPECTED:
+        folder, name = os.path.split(rel)
+        (tree / folder / f"._{name}").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    for index in (ImageFolder(tree), ImageFolder(copy_to_memory(memfs[0], tree, memfs[1]))):
+        assert len(index) == len(TREE_EXPECTED)
+        assert not any("/._" in index.key(i) for i in range(len(index)))
