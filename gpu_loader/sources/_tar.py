@@ -147,16 +147,33 @@ class TarShards:
 def _refuse_repeats(shards: Sequence[str]) -> None:
     """A shard listed twice (also as a path and as its file:// URL) would give its
     samples twice per epoch, as a brace pattern naming it twice would."""
-    seen: dict[str, str] = {}
+    seen: dict[object, str] = {}
     for shard in shards:
-        path = _io.local_path(shard)
-        same = os.path.realpath(path) if path is not None else shard
+        same = _identity(shard)
         if same in seen:
             raise ValueError(
                 f"the shard list names one shard twice ({seen[same]!r} and {shard!r}): its "
                 "samples would come twice per epoch"
             )
         seen[same] = shard
+
+
+def _identity(shard: str) -> object:
+    """What names one shard however it is spelled: a local file's device and inode (a
+    symlink or a hard link to it is the same file), else the URL as fsspec resolves it
+    (``memory://a/s.tar``, ``memory:///a/s.tar`` and ``memory://a/./s.tar`` are one)."""
+    path = _io.local_path(shard)
+    if path is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return os.path.realpath(path)  # TarShards says what is wrong with it
+        return st.st_dev, st.st_ino
+    try:
+        fs, inner = _io.fsspec_fs(shard)
+    except Exception:  # no such protocol, say: reported when the shard is opened
+        return shard
+    return fs, inner
 
 
 def expand_urls(pattern: str) -> list[str]:
@@ -324,7 +341,12 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
         check_member_name(member.name, shard)
         if member.isdir():
             continue
-        if not member.isreg() or member.issparse():
+        if member.issparse():
+            raise ValueError(
+                f"tar shard {shard!r} member {member.name!r} is a sparse file; shards may "
+                "hold only plain regular files (make the shard without --sparse)"
+            )
+        if not member.isreg():
             raise ValueError(
                 f"tar shard {shard!r} member {member.name!r} is a link or special file; "
                 "shards may hold only regular files"

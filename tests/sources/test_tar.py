@@ -117,7 +117,14 @@ def test_a_list_naming_a_shard_twice_and_labels_outside_classes_are_refused(
     shards: list[Path],
 ) -> None:
     one = str(shards[0])
-    for twice in ([one, one], [one, f"file://{one}"], [one, one.replace("/train-", "/./train-")]):
+    os.link(one, shards[0].parent / "hard-link.tar")  # QA: a hard link passed as another
+    hard = str(shards[0].parent / "hard-link.tar")
+    for twice in (
+        [one, one],
+        [one, f"file://{one}"],
+        [one, one.replace("/train-", "/./train-")],
+        [one, hard],
+    ):
         with pytest.raises(ValueError, match="names one shard twice"):
             TarShards(twice)
     labels = TarShards([one]).labels
@@ -126,6 +133,19 @@ def test_a_list_naming_a_shard_twice_and_labels_outside_classes_are_refused(
         TarShards([one], classes=["a", "b"])
     named = TarShards([one], classes=[str(k) for k in range(int(labels.max()) + 1)])
     assert named.labels.tolist() == labels.tolist()
+
+
+def test_one_memory_shard_spelled_two_ways_is_refused(
+    memfs: tuple[fsspec.AbstractFileSystem, str],
+) -> None:
+    # QA: these pairs were taken as two shards, each sample coming twice per epoch.
+    fs, base = memfs
+    fs.pipe_file(f"{base}/s.tar", shard_bytes([("x", "jpg", image_bytes(0), 0)]))
+    url = f"memory://{base.lstrip('/')}/s.tar"
+    for other in (f"memory:///{base.lstrip('/')}/s.tar", f"memory://{base.lstrip('/')}/./s.tar"):
+        with pytest.raises(ValueError, match="names one shard twice"):
+            TarShards([url, other])
+    assert len(TarShards([url])) == 1
 
 
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
