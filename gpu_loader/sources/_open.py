@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from gpu_loader.sources import _io
 from gpu_loader.sources._base import SampleIndex
 from gpu_loader.sources._filelist import FileList
 from gpu_loader.sources._folder import ImageFolder
@@ -15,11 +16,15 @@ _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 
 def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
-    """``*.tar`` (brace patterns allowed) → TarShards, ``*.csv`` → FileList, else ImageFolder."""
+    """``*.tar`` (brace patterns allowed) → TarShards, ``*.csv`` → FileList, else ImageFolder.
+
+    A path that exists as written is taken as it is, braces and all."""
     location = os.fspath(path_or_url)
     if not location:
         raise ValueError("open_index needs a path or URL, got an empty string")
-    shards = expand_urls(location)
+    # A folder or list named with braces ("x{a,b}") is not a pattern.
+    literal = "{" in location and _exists(location)
+    shards = [location] if literal else expand_urls(location)
     if all(s.lower().endswith(_TAR_SUFFIXES) for s in shards):
         return TarShards(shards)  # a compressed one is refused there, saying why
     if len(shards) > 1:
@@ -30,3 +35,14 @@ def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
     if location.lower().endswith(".csv"):
         return FileList.from_csv(location)
     return ImageFolder(location)
+
+
+def _exists(location: str) -> bool:
+    path = _io.local_path(location)
+    try:
+        if path is not None:
+            return os.path.exists(path)
+        fs, inner = _io.fsspec_fs(location)
+        return bool(fs.exists(inner))
+    except Exception:  # the pattern's own error says more
+        return False

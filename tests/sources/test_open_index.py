@@ -34,6 +34,16 @@ def test_open_index_by_shape(tree: Path, tmp_path: Path) -> None:
         open_index(f"{tmp_path}/c.{{tar.gz,tgz}}")
 
 
+def test_a_folder_or_list_with_braces_in_its_name_is_not_a_pattern(tmp_path: Path) -> None:
+    # QA: "x{a,b}" was expanded first, then refused as "not all .tar shards".
+    write(tmp_path / "x{a,b}" / "cls" / "a.jpg", image_bytes(0))
+    (tmp_path / "x{a,b}" / "l{1}.csv").write_text("path,label\ncls/a.jpg,0\n")
+    assert len(open_index(tmp_path / "x{a,b}")) == 1
+    assert isinstance(open_index(f"{tmp_path}/x{{a,b}}/l{{1}}.csv"), FileList)
+    with pytest.raises(ValueError, match=r"not all \.tar"):
+        open_index(f"{tmp_path}/{{a,b}}")  # nothing of that name: still a pattern
+
+
 @pytest.mark.parametrize(
     ("location", "expected"),
     [
