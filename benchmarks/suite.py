@@ -48,8 +48,13 @@ def run_suite(out: Path, *, only: str | None = None, quick: bool = False) -> int
             failed += 1
     cpu = out / "cpu_loaders.json"
     if cpu.is_file():
-        png = chart_cpu_loaders(json.loads(cpu.read_text()), out / "cpu_loaders.png")
-        print(f"chart: {png}")
+        try:
+            import matplotlib  # noqa: F401  (the [bench] extra; a plain install lacks it)
+        except ImportError:
+            print("chart: skipped, matplotlib is not installed (pip install matplotlib)")
+        else:
+            png = chart_cpu_loaders(json.loads(cpu.read_text()), out / "cpu_loaders.png")
+            print(f"chart: {png}")
     return 1 if failed else 0
 
 
@@ -85,3 +90,9 @@ def chart_cpu_loaders(result: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+if __name__ == "__main__":  # the body of `gpu-loader bench`, which takes the same flags
+    from gpu_loader.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -3,8 +3,14 @@ stragglers.py (the stall heavy images cause)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
 from gpu_loader.benchmarks.cpu_loaders import baseline, summarize, systems
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def run(round_no: int, system: str, img_s: float, cpu: float) -> dict[str, object]:
@@ -109,3 +115,18 @@ def test_straggler_rounds_report_each_figure_s_median() -> None:
         "error": "exit 1: boom",
         "peak_pss_mb": None,
     }
+
+
+def test_bench_without_matplotlib_skips_the_chart_and_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # QA: on a plain install (matplotlib is in the [bench] extra) `gpu-loader bench`
+    # wrote its JSON, then ended in a ModuleNotFoundError traceback, exit status 1.
+    from gpu_loader.benchmarks import suite
+
+    shutil.copy(RESULTS / "cpu_loaders.json", tmp_path / "cpu_loaders.json")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    monkeypatch.setattr(suite, "applies", lambda name: "not here")  # run nothing
+    assert suite.run_suite(tmp_path, only="cpu_loaders") == 0
+    assert "chart: skipped, matplotlib is not installed" in capsys.readouterr().out
+    assert not (tmp_path / "cpu_loaders.png").exists()
