@@ -396,7 +396,7 @@ def available(system: str) -> str | None:
     except ImportError:
         found = False
     if not found:
-        return f"{need} is not installed (pip install 'gpu-loader[bench]')"
+        return f"{need} is not installed (pip install '.[bench]' in the checkout)"
     if system == "spdl_io":  # spdl.io decodes with the machine's FFmpeg shared libraries
         try:
             from spdl.io.lib import _import_libspdl

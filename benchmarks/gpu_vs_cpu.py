@@ -223,7 +223,7 @@ def available(system: str) -> str | None:
     from gpu_loader._optional import is_importable
 
     if system == "dali_gpu" and not is_importable("nvidia.dali"):
-        return "nvidia-dali-cuda120 is not installed (pip install 'gpu-loader[bench]')"
+        return "nvidia-dali-cuda120 is not installed (pip install '.[bench]' in the checkout)"
     return None
 
 

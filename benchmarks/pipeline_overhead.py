@@ -210,7 +210,7 @@ def main() -> None:
     if not args.no_spdl:
         if not _installed("spdl"):
             print(
-                "[skip] SPDL 0.8: spdl is not installed (pip install 'gpu-loader[bench]')",
+                "[skip] SPDL 0.8: spdl is not installed (pip install '.[bench]' in the checkout)",
                 file=sys.stderr,
             )
         else:

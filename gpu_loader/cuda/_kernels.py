@@ -71,8 +71,8 @@ def nvrtc_options() -> tuple[str, ...]:
         raise FileNotFoundError(
             "the fused kernels include cuda_fp16.h/cuda_bf16.h, which were not found; "
             "install the CUDA runtime headers: pip install 'nvidia-cuda-runtime-cu12' for "
-            "CUDA 12 or 'nvidia-cuda-runtime>=13' for CUDA 13 (parts of gpu-loader[cuda12] "
-            "and [cuda13]), or set CUDA_PATH to a CUDA toolkit"
+            "CUDA 12 or 'nvidia-cuda-runtime>=13' for CUDA 13 (parts of the [cuda12] and "
+            "[cuda13] extras), or set CUDA_PATH to a CUDA toolkit"
         )
     return (*NVRTC_OPTIONS, f"-I{include}")
 
