@@ -16,6 +16,17 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+"""Where results go by default in a checkout: ``benchmarks/results/``, beside the code."""
+
+
+def default_results_dir() -> Path:
+    """`RESULTS_DIR` in a checkout; installed from a wheel (no ``pyproject.toml`` above
+    the scripts, which sit in site-packages), ``./benchmark-results`` in the working
+    directory rather than inside the environment."""
+    if (RESULTS_DIR.parent.parent / "pyproject.toml").is_file():
+        return RESULTS_DIR
+    return Path.cwd() / "benchmark-results"
+
 
 _VERSIONED = (
     "gpu-loader",
@@ -181,7 +192,7 @@ def format_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, st
 
 def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
     """Write `payload` plus machine metadata as JSON; returns the path."""
-    path = out or RESULTS_DIR / f"{name}.json"
+    path = out or default_results_dir() / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"benchmark": name, "machine": machine_metadata(), **payload}
     path.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")

@@ -432,7 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes / threads for DataLoader, SPDL and DALI (default: the CPU "
         "count, as gpu_loader's automatic threads)",
     )
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,

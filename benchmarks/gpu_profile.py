@@ -322,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="sys.setswitchinterval for the sweep, in seconds (default: Python's, 0.005)",
     )
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
+    )
     parser.add_argument("--quick", action="store_true", help="1000 images, 2 sweep passes")
     args = parser.parse_args(argv)
     if args.quick:

@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
     parser.add_argument("--num-images", type=int, default=4000)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
+    )
     parser.add_argument(
         "--epochs", type=int, default=3, help="passes; the first is warm-up (default: 3)"
     )

@@ -27,11 +27,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.benchmarks._common import machine_metadata
+from gpu_loader.benchmarks._common import default_results_dir, machine_metadata
 
 from gpu_loader.pipeline import PipelineBuilder
 
-RESULTS = Path(__file__).parent / "results" / "pipeline_overhead.json"
 WAIT_S = 0.001
 
 
@@ -195,7 +194,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few items, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-spdl", action="store_true", help="skip SPDL (not installed)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=default_results_dir() / "pipeline_overhead.json",
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ "
+        "when installed)",
+    )
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     scale = 0.1 if args.quick else 1.0

@@ -271,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--num-images", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
+    )
     parser.add_argument("--quick", action="store_true", help="200 images, 1 epoch")
     parser.add_argument(
         "--batch-size",

@@ -130,3 +130,18 @@ def test_bench_without_matplotlib_skips_the_chart_and_succeeds(
     assert suite.run_suite(tmp_path, only="cpu_loaders") == 0
     assert "chart: skipped, matplotlib is not installed" in capsys.readouterr().out
     assert not (tmp_path / "cpu_loaders.png").exists()
+
+
+def test_results_stay_beside_the_code_only_in_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA: run from a wheel, the scripts wrote their JSON into site-packages.
+    from gpu_loader.benchmarks import _common
+
+    assert _common.default_results_dir() == RESULTS  # this checkout
+    installed = tmp_path / "site-packages" / "gpu_loader" / "benchmarks" / "results"
+    monkeypatch.setattr(_common, "RESULTS_DIR", installed)
+    monkeypatch.chdir(tmp_path)
+    assert _common.default_results_dir() == tmp_path / "benchmark-results"
+    path = _common.write_results("x", {"rows": []})
+    assert path == tmp_path / "benchmark-results" / "x.json" and path.is_file()
