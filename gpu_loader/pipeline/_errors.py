@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_loader._compat import add_note as add_note  # its home before _compat
+
 if sys.version_info >= (3, 11):
     _ExceptionGroup = builtins.ExceptionGroup
 else:  # pragma: no cover - Python 3.10 uses the backport
@@ -74,19 +76,6 @@ def limit_failure(message: str, causes: Sequence[Exception]) -> PipelineFailure:
     failure = PipelineFailure(message, causes)
     failure.limit_reached = True
     return failure
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, also on Python 3.10 where the method does not exist."""
-    adder = getattr(exc, "add_note", None)
-    if adder is not None:
-        adder(note)
-        return
-    notes = getattr(exc, "__notes__", None)  # pragma: no cover - Python 3.10
-    if not isinstance(notes, list):  # pragma: no cover
-        notes = []
-        exc.__notes__ = notes  # type: ignore[attr-defined]
-    notes.append(note)  # pragma: no cover
 
 
 def release_locals(exc: BaseException) -> None:
@@ -211,11 +200,11 @@ class FailurePolicy:
         if isinstance(limit, float):
             if not rate_passed(failed, calls, limit, final=final):
                 return None
-            detail = f"{failed} of {calls} calls failed"
+            detail = f"{failed} of {calls} items failed"
         else:
             if failed <= limit:
                 return None
-            detail = f"{failed} call{'s' if failed > 1 else ''} failed"
+            detail = f"{failed} item{'s' if failed > 1 else ''} failed"
         self._tripped = True
         causes = [r.error for r in self._records[:MAX_CAUSES] if isinstance(r.error, Exception)]
         if not causes:  # all of them before a resume, whose state keeps no errors

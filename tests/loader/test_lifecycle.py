@@ -308,7 +308,7 @@ def test_failures_before_the_checkpoint_are_reported_after_resume(
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 @pytest.mark.parametrize(
     ("limit", "message"),
-    [(3, "more than 3 failures (4 calls failed)"), (0.1, "above 0.1 (4 of 34 calls failed)")],
+    [(3, "more than 3 failures (4 items failed)"), (0.1, "above 0.1 (4 of 34 items failed)")],
 )
 def test_max_failures_counts_the_failures_before_the_checkpoint(
     bad_list: tuple[FileList, set[str]], batching: str, limit: float, message: str

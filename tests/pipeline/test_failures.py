@@ -130,7 +130,7 @@ def test_rate_waits_for_warmup_then_checks_at_the_end() -> None:
     out, _ = run(RATE_WARMUP_CALLS * 2, op, max_failures=0.05)
     assert len(out) == RATE_WARMUP_CALLS * 2 - 1
     # ...while a short stream is still judged once it ends: 2 of 10 is above 5%.
-    with pytest.raises(PipelineFailure, match="2 of 10 calls failed"):
+    with pytest.raises(PipelineFailure, match="2 of 10 items failed"):
         run(10, fail_on({1, 2}), max_failures=0.05)
 
 
@@ -139,16 +139,16 @@ def test_failures_before_count_against_the_limit() -> None:
     op = fail_on({5})
     out, _ = run(10, op, max_failures=3)  # 1 failure alone is within 3
     assert len(out) == 9
-    with pytest.raises(PipelineFailure, match=r"more than 3 failures \(4 calls failed\)") as info:
+    with pytest.raises(PipelineFailure, match=r"more than 3 failures \(4 items failed\)") as info:
         run(10, op, max_failures=3, failures_before=(40, 3))
     assert len(info.value.exceptions) == 1  # the earlier errors were not kept
     # A rate over the whole: 1 of 10 is above 0.05, but 1 of 50 is not.
-    with pytest.raises(PipelineFailure, match="1 of 10 calls failed"):
+    with pytest.raises(PipelineFailure, match="1 of 10 items failed"):
         run(10, op, max_failures=0.05)
     out, _ = run(10, op, max_failures=0.05, failures_before=(40, 0))
     assert len(out) == 9
     # Failures only before: judged at the end, with a cause that says so.
-    with pytest.raises(PipelineFailure, match="4 of 50 calls failed") as info:
+    with pytest.raises(PipelineFailure, match="4 of 50 items failed") as info:
         run(10, fail_on(set()), max_failures=0.05, failures_before=(40, 4))
     assert "before the point this run resumed from" in str(info.value.exceptions[0])
 
@@ -288,7 +288,7 @@ def test_a_clearly_broken_stream_still_stops_early() -> None:
     n = 20 * RATE_WARMUP_CALLS
     with pytest.raises(PipelineFailure, match=r"failure rate above 0\.1") as info:
         run(n, fail_on(set(range(0, n, 2))), max_failures=0.1)
-    found = re.search(r"\((\d+) of (\d+) calls failed\)", str(info.value))
+    found = re.search(r"\((\d+) of (\d+) items failed\)", str(info.value))
     assert found is not None and int(found[2]) <= 2 * RATE_WARMUP_CALLS
 
 
@@ -320,4 +320,4 @@ def test_a_policy_never_counts_fewer_calls_than_failures() -> None:
         assert policy.record(FailureRecord("decode", str(call), ValueError()), calls=call) is None
     late = policy.record(FailureRecord("decode", "late", ValueError()), calls=RATE_WARMUP_CALLS - 1)
     assert late is not None
-    assert f"{RATE_WARMUP_CALLS} of {RATE_WARMUP_CALLS} calls failed" in late.message
+    assert f"{RATE_WARMUP_CALLS} of {RATE_WARMUP_CALLS} items failed" in late.message
