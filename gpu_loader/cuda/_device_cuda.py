@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_loader._optional import require
+from gpu_loader.cuda._device import cuda_available
 from gpu_loader.cuda._gpu_stage import GpuPorts
 from gpu_loader.cuda._launch import ImageRef, OutputDtype
 from gpu_loader.cuda._nvimgcodec import (
@@ -41,6 +42,12 @@ class CudaRuntime:
         )
         if resolved.type != "cuda":
             raise ValueError(f"`device` must be a CUDA device ('cuda', 'cuda:N'), got {device!r}")
+        if not cuda_available():  # torch's own error here is a bare AssertionError
+            raise RuntimeError(
+                f"the CUDA ports need a CUDA device that torch can use; torch "
+                f"{torch.__version__} sees none (a CPU build, no driver, or no device). "
+                "gpu_loader.cuda.standin_ports() runs the GPU path's orchestration on the CPU"
+            )
         if resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
         self._device = resolved

@@ -36,6 +36,17 @@ def test_a_device_only_cupy_sees_is_not_usable(
     assert _device.cuda_available() is True
 
 
+def test_cuda_ports_without_a_usable_device_say_so(
+    fresh_probe: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA: cuda_ports("cuda") on a CPU build of torch raised torch's bare AssertionError.
+    from gpu_loader.cuda import cuda_ports
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"torch .* sees none .*standin_ports"):
+        cuda_ports("cuda")
+
+
 def test_an_images_row_pitch_comes_from_its_own_strides() -> None:
     # nvImageCodec leaves the array interface's strides None for interleaved images; a
     # padded row (its `strides` say so) must not be read as 3 * width.
