@@ -289,7 +289,7 @@ def _decode_jpeg(
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
         return _decode_pillow(
-            buf, key, max_pixels=max_pixels, header_pixels=height * width, exif=exif
+            buf, key, max_pixels=max_pixels, header_pixels=height * width, orientation=orientation
         )
     if factor is None:
         oriented = (width, height) if orientation_swaps_axes(orientation) else (height, width)
@@ -304,7 +304,11 @@ def _decode_jpeg(
             # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
             # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
             return _decode_pillow(
-                buf, key, max_pixels=max_pixels, header_pixels=height * width, exif=exif
+                buf,
+                key,
+                max_pixels=max_pixels,
+                header_pixels=height * width,
+                orientation=orientation,
             )
         raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
     if rgbx.shape[:2] != (want_h, want_w):
@@ -409,18 +413,27 @@ def _decode_pillow(
     max_pixels: int,
     header_pixels: int | None = None,
     exif: bool = True,
+    orientation: int | None = None,
 ) -> DecodedImage:
     """Decode with Pillow, refusing more than ``max_pixels`` by the size Pillow parsed
     (before any pixel is decoded). ``header_pixels``: the size our own header parser read
     (already within ``max_pixels``); over Pillow's own limit, that limit is lifted for
-    this decode (`_pillow_limit_lifted`), and the check on Pillow's size still stands."""
+    this decode (`_pillow_limit_lifted`), and the check on Pillow's size still stands.
+
+    ``orientation``: the one our header parser read (a JPEG, whose crop was drawn on the
+    size `probe_size` gave from it), applied in place of Pillow's `exif_transpose`, which
+    also reads an XMP ``tiff:Orientation`` (QA: a CMYK JPEG with one came out turned, and
+    its crop no longer fit). None: Pillow's ``exif_transpose`` when ``exif``."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with _pillow_limit_lifted(header_pixels), Image.open(io.BytesIO(buf)) as im:
             _check_pixels(key, im.height, im.width, max_pixels)
             im.load()
-            rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGBX")
+            if orientation is not None:
+                rgb = im.convert("RGBX")
+            else:
+                rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGBX")
     except DecodeError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
@@ -430,6 +443,8 @@ def _decode_pillow(
     except Image.DecompressionBombError as exc:
         raise _fail(key, f"too many pixels ({exc})") from None
     rgbx = np.asarray(rgb)
+    if orientation is not None and orientation != 1:
+        rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
 
 

@@ -435,13 +435,29 @@ def _tiff_orientation(tiff: bytes) -> int:
         (count,) = struct.unpack(order + "H", tiff[ifd : ifd + 2])
         for i in range(count):
             entry = ifd + 2 + 12 * i
-            tag, typ = struct.unpack(order + "HH", tiff[entry : entry + 4])
-            if tag == 0x0112 and typ == 3:  # Orientation, SHORT
-                (value,) = struct.unpack(order + "H", tiff[entry + 8 : entry + 10])
-                return value if 1 <= value <= 8 else 1
+            tag, typ, n = struct.unpack(order + "HHI", tiff[entry : entry + 8])
+            if tag != 0x0112:
+                continue
+            # Orientation is a SHORT, but Pillow's exif_transpose (which the CMYK JPEGs
+            # decode through) takes any one integer: read it as Pillow does, or the crop
+            # drawn on this size would not fit the image decoded (QA: LONG, a 200x60
+            # image probed as 60x200). Several values, as in Pillow, mean none.
+            fmt = _ORIENTATION_TYPES.get(typ)
+            if fmt is None or n != 1:
+                return 1
+            (value,) = struct.unpack(
+                order + fmt, tiff[entry + 8 : entry + 8 + struct.calcsize(fmt)]
+            )
+            return value if 1 <= value <= 8 else 1
     except struct.error:
         return 1
     return 1
+
+
+# TIFF field types Pillow reads as one integer -> struct format: SHORT, LONG, SBYTE,
+# SSHORT, SLONG (a BYTE comes out as bytes there, and turns nothing). The value sits at
+# the start of the entry's 4-byte value field.
+_ORIENTATION_TYPES = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i"}
 
 
 def orientation_swaps_axes(orientation: int) -> bool:

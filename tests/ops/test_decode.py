@@ -13,7 +13,15 @@ import pytest
 from PIL import Image, ImageOps
 
 from gpu_loader.datasets import photo_like
-from gpu_loader.ops import DecodedImage, DecodeError, EvalTransform, decode, load_into, probe_size
+from gpu_loader.ops import (
+    DecodedImage,
+    DecodeError,
+    EvalTransform,
+    TrainTransform,
+    decode,
+    load_into,
+    probe_size,
+)
 from tests.ops.conftest import Photo, jpeg, png
 
 
@@ -142,6 +150,34 @@ def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, "JPEG", quality=95, exif=exif.tobytes())
     return buf.getvalue()
+
+
+def test_a_cmyk_jpeg_is_turned_by_the_orientation_its_size_was_probed_with(
+    image: np.ndarray,
+) -> None:
+    # CMYK decodes through Pillow, whose exif_transpose also reads an XMP
+    # tiff:Orientation; probe_size (EXIF only) did not, so the decode came out turned
+    # against the size the crop was drawn on, and load_into refused every such file (QA).
+    xmp = (
+        b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/'
+        b'02/22-rdf-syntax-ns#"><rdf:Description rdf:about="" xmlns:tiff="http://ns.adobe'
+        b'.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+    )
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    for extra in ({"xmp": xmp}, {"exif": exif.tobytes()}):
+        buf = io.BytesIO()
+        Image.fromarray(image).convert("CMYK").save(buf, "JPEG", quality=95, **extra)
+        data = buf.getvalue()
+        out = decode(data, key="cmyk").array
+        assert out.shape[:2] == probe_size(data)
+        turned = "exif" in extra  # XMP alone turns nothing here (EXIF is the rule)
+        assert out.shape[:2] == ((128, 96) if turned else (96, 128))
+        expected = np.rot90(image, -1) if turned else image  # orientation 6: 90 deg clockwise
+        assert np.abs(out.astype(int) - expected).mean() < 6
+        into = np.empty((3, 32, 32), np.float32)
+        for index in range(8):  # crops drawn on the probed size, each one fits
+            load_into(data, TrainTransform(32), np.random.default_rng(index), into, dtype="float32")
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -245,3 +245,41 @@ def test_native_walk_matches_python_on_damaged_headers(
     for short in (b"", b"\xff", b"\xff\xd8", b"\xff\xd8\xff\xda\x00"):
         assert native_header(short) is None
     assert native_header(memoryview(base[0])) == python_walk(base[0])
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_orientation_is_read_as_pillow_reads_it(
+    image: np.ndarray, order: bytes, native_header: Callable[[bytes], object]
+) -> None:
+    # Pillow's exif_transpose takes an Orientation stored as any one integer; only SHORT
+    # was read here, so a LONG 6 turned nothing that Pillow (the documented reference)
+    # turns (QA). A BYTE or ASCII value is no integer to Pillow, and turns nothing.
+    from PIL import ImageOps
+
+    end = "<" if order == b"II" else ">"
+    plain = pillow_jpeg(image)
+
+    def with_orientation(typ: int, count: int, value_field: bytes) -> bytes:
+        entry = struct.pack(end + "HHI", 0x0112, typ, count) + value_field
+        ifd = struct.pack(end + "H", 1) + entry + b"\x00" * 4  # no next directory
+        return plain[:2] + exif_segment(order + struct.pack(end + "HI", 42, 8) + ifd) + plain[2:]
+
+    fields = {1: "B3x", 2: "B3x", 3: "H2x", 4: "I", 6: "b3x", 8: "h2x", 9: "i"}
+    cases = [(typ, value) for typ in fields for value in (6, 8, 0, 9)]
+    cases += [(9, -6), (8, -3), (6, -2)]
+    for typ, value in cases:
+        data = with_orientation(typ, 1, struct.pack(end + fields[typ], value))
+        with Image.open(io.BytesIO(data)) as im:
+            said = im.getexif().get(0x0112)
+            turned = ImageOps.exif_transpose(im).size[::-1]
+        want = said if isinstance(said, int) and 1 <= said <= 8 else 1
+        got = python_walk(data)
+        assert got is not None and got[3] == want, (typ, value, said)
+        assert native_header(data) == got, (typ, value)
+        assert turned == ((53, 37) if want >= 5 else (37, 53)), (typ, value)
+    # Several values (Pillow warns, then takes the first, or reads a LONG pair from
+    # wherever the field points): none, here.
+    for typ, field in ((3, struct.pack(end + "HH", 6, 6)), (4, struct.pack(end + "I", 8))):
+        data = with_orientation(typ, 2, field)
+        assert python_walk(data)[3] == 1  # type: ignore[index]
+        assert native_header(data) == python_walk(data)
