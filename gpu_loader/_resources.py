@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import tempfile
 from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.resources.abc is new in Python 3.11
+    from importlib.abc import Traversable
 
 
 def kernel_dir() -> Traversable:

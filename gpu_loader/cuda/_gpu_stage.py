@@ -51,7 +51,7 @@ from gpu_loader.ops import (
     probe_size,
 )
 from gpu_loader.ops._transforms import Random
-from gpu_loader.pipeline._errors import release_locals
+from gpu_loader.pipeline._errors import add_note, release_locals
 from gpu_loader.sources import sample_stream
 
 if TYPE_CHECKING:
@@ -468,7 +468,7 @@ class GpuBatchStage:
                     # than the oriented header): the CPU decoder handles CMYK, EXIF, ...
                     image, params = self._fallback(sample, stream)
             except Exception as exc:
-                exc.add_note(f"stage: gpu_decode, sample: {sample.key}")
+                add_note(exc, f"stage: gpu_decode, sample: {sample.key}")
                 release_locals(exc)  # kept until the epoch ends: not the sample with it
                 failed.append((sample.position, sample.key, exc))
                 continue

@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._defs import SlowLane
+from ._errors import add_note
 
 if TYPE_CHECKING:
     from ._pipe_stage import PipeStage
@@ -43,7 +44,7 @@ class WorkerSlot:
                 if not weight >= 1:
                     raise ValueError(f"a slow lane's `weight` must be >= 1, got {weight}")
             except Exception as exc:
-                exc.add_note("raised by the stage's SlowLane.weight")
+                add_note(exc, "raised by the stage's SlowLane.weight")
                 raise
         now = self._clock()
         with self.lock:

@@ -8,7 +8,7 @@ import io
 import os
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -102,7 +102,8 @@ class FileList(FileIndex):
         # newline="": the csv module ends lines at \n, \r\n or an old Mac \r itself, and a
         # quoted path keeps the \r or \n it holds (translating them named another file)
         # skipinitialspace: "a.jpg, 3" and a header "label, path" read as meant
-        rows = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
+        reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
+        rows = _rows(reader, location)
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:
             raise ValueError(
@@ -113,7 +114,7 @@ class FileList(FileIndex):
         base = _base_of(location)
         items: list[tuple[str, int]] = []
         for row in rows:
-            line = rows.line_num  # where the row ends (a quoted path may span lines)
+            line = reader.line_num  # where the row ends (a quoted path may span lines)
             if not row or all(not c.strip() for c in row):
                 continue  # blank lines are harmless
             if len(row) <= max(p_col, l_col):
@@ -132,6 +133,20 @@ class FileList(FileIndex):
         if all(not _absolute(entry) for entry, _ in items):
             return cls(items, classes=classes, root=base)
         return cls([(_join(base, entry), label) for entry, label in items], classes=classes)
+
+
+def _rows(reader: Iterator[list[str]], location: str) -> Iterator[list[str]]:
+    """``reader``'s rows, its own errors (Python 3.10: "line contains NUL") as a
+    ValueError naming the CSV and line, as every other CSV error is."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            line = getattr(reader, "line_num", "?")
+            raise ValueError(f"CSV {location!r} line {line}: {exc}") from None
+        yield row
 
 
 def _absolute(entry: str) -> bool:

@@ -15,6 +15,8 @@ import re
 import stat
 from typing import TYPE_CHECKING, Any
 
+from gpu_loader._compat import add_note
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -151,7 +153,7 @@ def local_path(location: str) -> str | None:
 
 def add_key_note(exc: BaseException, key: str) -> None:
     """Attach the sample key to an exception raised while reading it."""
-    exc.add_note(f"sample: {key}")
+    add_note(exc, f"sample: {key}")
 
 
 def not_found(key: str, location: str) -> FileNotFoundError:
