@@ -53,6 +53,8 @@ def test_wheel_contains_kernels_and_typing_marker(wheel: Path) -> None:
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "gpu-loader = gpu_loader.cli:main" in text
+    # The Apache-2.0 text the metadata declares ships with it (QA: no LICENSE at all).
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
 
 def test_installed_wheel_finds_kernels(wheel: Path, tmp_path: Path) -> None:
