@@ -72,14 +72,14 @@ def test_max_failures_counts_the_fetch_failures_before_the_checkpoint(
     # Four bad files fail in fetch here: past max_failures=3 whether or not the epoch
     # was resumed in between (a resumed epoch counted only its own).
     source, _ = bad_list
-    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
+    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 items")):
         labels_of(make(source, batch_size=4, shuffle=False, max_failures=3))
     saver = make(source, batch_size=4, shuffle=False, max_failures=None)  # no limit while saving
     state = checkpoint_after_a_failure(saver)
     assert state["batcher"]["failed_stages"].get("fetch")
     fresh = make(source, batch_size=4, shuffle=False, max_failures=3)
     fresh.load_state_dict(state)
-    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 calls")):
+    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 items")):
         labels_of(fresh)
 
 
