@@ -73,6 +73,7 @@ class OrderedPipeStage(PipeStage):
                 self._window.put(None)
                 self.saw_eos(inq)
                 return
+            counters.running_since = t1
             try:
                 result = call(item)
             except Exception as exc:

@@ -177,6 +177,7 @@ class PipeStage(Stage):
                 return
             if slot is not None:
                 slot.begin(item)
+            counters.running_since = t1
             try:
                 result = call(item)
             except Stopped:  # a generator op stopped between yields: not a failure

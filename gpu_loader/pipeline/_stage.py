@@ -73,7 +73,9 @@ class Stage:
             task_time_p50_s=percentile(durations, 0.50),
             task_time_p90_s=percentile(durations, 0.90),
             task_time_p99_s=percentile(durations, 0.99),
-            busy_fraction=min(1.0, total.busy / total.alive) if total.alive > 0 else 0.0,
+            busy_fraction=(
+                min(1.0, (total.busy + total.running) / total.alive) if total.alive > 0 else 0.0
+            ),
             input_queue_mean=total.occ_sum / total.occ_n if total.occ_n else 0.0,
             input_queue_capacity=self.inq.capacity if self.inq is not None else 0,
             blocked_input_s=total.blocked_in,

@@ -103,6 +103,7 @@ class WorkerCounters:
         "lock",
         "occ_n",
         "occ_sum",
+        "running_since",
         "skipped",
         "started",
         "tasks",
@@ -120,11 +121,16 @@ class WorkerCounters:
         self.occ_sum = 0
         self.occ_n = 0
         self.durations: deque[float] = deque(maxlen=_DURATIONS_KEPT)
+        # When the task in hand started (set by the worker, no lock: one store), None
+        # between tasks: a snapshot counts it busy so far (QA: a read hung for seconds
+        # left its stage "busy 1%", and the bottleneck named another stage).
+        self.running_since: float | None = None
 
     def add_task(
         self, busy: float, blocked_in: float, blocked_out: float, occupancy: int, skipped: bool
     ) -> None:
         with self.lock:
+            self.running_since = None
             self.tasks += 1
             self.skipped += skipped
             self.busy += busy
@@ -145,6 +151,7 @@ class _Totals:
     tasks: int = 0
     skipped: int = 0
     busy: float = 0.0
+    running: float = 0.0  # busy time of tasks still in hand (`busy` counts finished ones)
     alive: float = 0.0
     blocked_in: float = 0.0
     blocked_out: float = 0.0
@@ -202,6 +209,9 @@ def _accumulate(total: _Totals, c: WorkerCounters, now: float) -> None:
     total.tasks += c.tasks
     total.skipped += c.skipped
     total.busy += c.busy
+    since = c.running_since
+    if since is not None and c.ended is None:
+        total.running += max(0.0, now - since)
     total.alive += (c.ended if c.ended is not None else now) - c.started
     total.blocked_in += c.blocked_in
     total.blocked_out += c.blocked_out

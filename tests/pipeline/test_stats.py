@@ -52,6 +52,42 @@ def test_counts_times_and_bottleneck_for_a_slow_stage() -> None:
     assert "slow" in s.format()
 
 
+@pytest.mark.parametrize("order", ["completion", "input"])
+def test_a_task_still_running_counts_as_busy(order: str) -> None:
+    # Busy time was added only when a task finished: while a read hung for seconds its
+    # stage read "busy 1%", and the bottleneck named a stage that was waiting (QA).
+    import threading
+
+    release = threading.Event()
+
+    def hangs_on_one(x: int) -> int:
+        if x == 1:
+            release.wait(10)
+        return x
+
+    p = (
+        PipelineBuilder()
+        .add_source(range(3))
+        .pipe(hangs_on_one, name="read", concurrency=1, output_order=order)
+        .pipe(sleepy(0.001), name="decode", concurrency=1)
+        .add_sink(2)
+        .build()
+    )
+    with p:
+        items = iter(p)
+        assert next(items) == 0
+        time.sleep(0.4)  # the read of item 1 has run for 0.4 s, and runs on
+        during = p.stats()
+        release.set()
+        assert sorted([0, *items]) == [0, 1, 2]
+    read = next(st for st in during.stages if st.name == "read")
+    assert read.busy_fraction > 0.6
+    assert read.tasks_done == 1  # the task in hand is busy time, not a task done
+    assert during.bottleneck == "read"
+    after = next(st for st in p.stats().stages if st.name == "read")
+    assert after.tasks_done == 3 and after.task_time_p99_s >= 0.35
+
+
 def test_slow_consumer_is_named_the_bottleneck() -> None:
     p = PipelineBuilder().add_source(range(40)).pipe(lambda x: x).add_sink(4).build()
     with p:
