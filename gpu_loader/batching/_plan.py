@@ -144,7 +144,8 @@ class BatcherStats:
     """Calls of ``pop()`` that returned nothing although ``batch_size`` samples were ready
     (ordered: head-of-line blocking; straggler: the lateness bound waiting for a straggler)."""
     held_back_s: float
-    """Clock time spent in that state, from the first such ``pop()`` to the next emission."""
+    """Clock time spent in that state, from the first such ``pop()`` to the next emission
+    (or to now, while it lasts)."""
     rows_copied: int = 0
     """Sample rows copied to build batches: the samples that moved (CPU loader, straggler
     mode; 0 elsewhere, where samples are written where they are delivered from)."""

@@ -76,6 +76,9 @@ def test_a_slow_head_blocks_every_later_batch() -> None:
         b.push(p, p)
         assert b.pop() is None  # position 0 holds batch 0 and so everything
     assert b.stats().ready == 5 and b.stats().held_back == 4
+    clock.now = 1.5
+    # Still held: the time so far counts (an epoch stopped here read 0.0 s, QA).
+    assert b.stats().held_back_s == 1.5
     clock.now = 2.0
     b.push(0, 0)
     assert [x.positions for x in b.pop_final()] == [(0, 1), (2, 3), (4, 5)]
