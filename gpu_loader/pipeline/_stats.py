@@ -37,7 +37,8 @@ class StageStats:
     task_time_p99_s: float
     """99th percentile task seconds over recent tasks."""
     busy_fraction: float
-    """Share of the workers' lifetime spent running tasks (0..1)."""
+    """Share of the workers' lifetime spent running tasks (0..1), the tasks still in hand
+    included (their time so far)."""
     input_queue_mean: float
     """Mean items waiting in the input queue, seen each time a worker takes one."""
     input_queue_capacity: int
