@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import importlib.metadata
 import json
@@ -26,6 +27,21 @@ def default_results_dir() -> Path:
     if (RESULTS_DIR.parent.parent / "pyproject.toml").is_file():
         return RESULTS_DIR
     return Path.cwd() / "benchmark-results"
+
+
+def add_out_argument(parser: argparse.ArgumentParser, default: Path | None = None) -> None:
+    """Each script's ``--out`` (None: `write_results` picks `default_results_dir`)."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=default,
+        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ "
+        "when installed)",
+    )
+
+
+BENCH_EXTRA_HINT = "pip install '.[bench]' in the checkout"
+"""How to get the peers a benchmark compares with (SPDL, DALI): the ``[bench]`` extra."""
 
 
 _VERSIONED = (

@@ -31,7 +31,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.benchmarks._common import Timer, format_table, run_worker, write_results
+from gpu_loader.benchmarks._common import (
+    BENCH_EXTRA_HINT,
+    Timer,
+    add_out_argument,
+    format_table,
+    run_worker,
+    write_results,
+)
 
 BATCH = 64
 SIZE = 224
@@ -396,7 +403,7 @@ def available(system: str) -> str | None:
     except ImportError:
         found = False
     if not found:
-        return f"{need} is not installed (pip install '.[bench]' in the checkout)"
+        return f"{need} is not installed ({BENCH_EXTRA_HINT})"
     if system == "spdl_io":  # spdl.io decodes with the machine's FFmpeg shared libraries
         try:
             from spdl.io.lib import _import_libspdl
@@ -432,11 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes / threads for DataLoader, SPDL and DALI (default: the CPU "
         "count, as gpu_loader's automatic threads)",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
-    )
+    add_out_argument(parser)
     parser.add_argument(
         "--repeats",
         type=int,

@@ -37,7 +37,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.benchmarks._common import format_table, write_results
+from gpu_loader.benchmarks._common import add_out_argument, format_table, write_results
 
 BATCH = 64
 SECTIONS = ("decode", "stage", "kernel", "sweep")
@@ -322,11 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="sys.setswitchinterval for the sweep, in seconds (default: Python's, 0.005)",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
-    )
+    add_out_argument(parser)
     parser.add_argument("--quick", action="store_true", help="1000 images, 2 sweep passes")
     args = parser.parse_args(argv)
     if args.quick:

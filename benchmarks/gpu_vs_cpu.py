@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_loader.benchmarks._common import format_table, run_worker, write_results
+from gpu_loader.benchmarks._common import (
+    BENCH_EXTRA_HINT,
+    add_out_argument,
+    format_table,
+    run_worker,
+    write_results,
+)
 
 BATCH = 64
 SIZE = 224
@@ -223,7 +229,7 @@ def available(system: str) -> str | None:
     from gpu_loader._optional import is_importable
 
     if system == "dali_gpu" and not is_importable("nvidia.dali"):
-        return "nvidia-dali-cuda120 is not installed (pip install '.[bench]' in the checkout)"
+        return f"nvidia-dali-cuda120 is not installed ({BENCH_EXTRA_HINT})"
     return None
 
 
@@ -232,11 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
     parser.add_argument("--num-images", type=int, default=4000)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
-    )
+    add_out_argument(parser)
     parser.add_argument(
         "--epochs", type=int, default=3, help="passes; the first is warm-up (default: 3)"
     )

@@ -27,7 +27,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.benchmarks._common import default_results_dir, machine_metadata
+from gpu_loader.benchmarks._common import (
+    BENCH_EXTRA_HINT,
+    add_out_argument,
+    default_results_dir,
+    machine_metadata,
+)
 
 from gpu_loader.pipeline import PipelineBuilder
 
@@ -194,13 +199,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few items, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-spdl", action="store_true", help="skip SPDL (not installed)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=default_results_dir() / "pipeline_overhead.json",
-        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ "
-        "when installed)",
-    )
+    add_out_argument(parser, default_results_dir() / "pipeline_overhead.json")
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     scale = 0.1 if args.quick else 1.0
@@ -215,7 +214,7 @@ def main() -> None:
     if not args.no_spdl:
         if not _installed("spdl"):
             print(
-                "[skip] SPDL 0.8: spdl is not installed (pip install '.[bench]' in the checkout)",
+                f"[skip] SPDL 0.8: spdl is not installed ({BENCH_EXTRA_HINT})",
                 file=sys.stderr,
             )
         else:

@@ -37,7 +37,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `gpu_loader.benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_loader.benchmarks._common import format_table, run_worker, write_results
+from gpu_loader.benchmarks._common import add_out_argument, format_table, run_worker, write_results
 
 BATCH = 32
 SIZE = 224
@@ -271,11 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--num-images", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="JSON path (default benchmarks/results/ in a checkout, ./benchmark-results/ when installed)",
-    )
+    add_out_argument(parser)
     parser.add_argument("--quick", action="store_true", help="200 images, 1 epoch")
     parser.add_argument(
         "--batch-size",
