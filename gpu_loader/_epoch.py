@@ -338,6 +338,10 @@ class EpochBase:
         self._closer: int | None = None  # that closer's thread
         self._abandoned = False  # the training loop let go of the iterator mid-epoch
         self.stopped_because: str | None = None
+        self.in_hand: dict[int, tuple[str, str, float]] = {}
+        """Per worker thread (its ident): the key, stage and start time of the sample it
+        works on (`hold`); `check_wait` names the oldest. A run marks all its samples
+        started at once, so the batcher alone cannot tell which one hangs."""
 
     # -- feeding -------------------------------------------------------------------------
     def source(self) -> Iterator[Task]:
@@ -692,6 +696,13 @@ class EpochBase:
             finally:
                 self.close()  # whatever the reporting did: join the threads, hand over
 
+    def hold(self, key: str, stage: str) -> int:
+        """This thread works on the sample ``key`` in ``stage`` from now (`in_hand`), until
+        `in_hand.pop` of the ident returned (not a context manager: once per sample)."""
+        me = threading.get_ident()
+        self.in_hand[me] = (key, stage, time.perf_counter())
+        return me
+
     def check_wait(self) -> None:
         """Raise `TimeoutError` once the training loop has waited past its
         ``batch_timeout_s`` for this batch (the paths call it as they wait)."""
@@ -699,18 +710,22 @@ class EpochBase:
             return
         timeout = self.loader.options.batch_timeout_s
         self.join_s = TIMED_OUT_JOIN_S
-        waiting = [
-            self.loader.source.key(int(self.indices[p])) for p in self.batcher.running(limit=4)
-        ]
-        raise TimeoutError(
-            f"no batch came within batch_timeout_s={timeout:g} s; "
-            + (
-                f"the next one waits for {', '.join(waiting)}"
-                if waiting
-                else "no sample is running"
+        now = time.perf_counter()
+        # The samples in the workers' hands longest: the ones that hang (QA: the first
+        # positions started were named, four of a run queued behind the hung one).
+        held = sorted(self.in_hand.copy().values(), key=lambda entry: entry[2])[:4]
+        if held:
+            waiting = "the samples in hand longest are " + ", ".join(
+                f"{key} ({stage}, {now - since:.1f} s)" for key, stage, since in held
             )
-            + " (a read or decode that does not return?). The epoch stopped: state_dict() "
-            "resumes it"
+        elif started := self.batcher.running(limit=4):
+            keys = [self.loader.source.key(int(self.indices[p])) for p in started]
+            waiting = f"the next one waits for {', '.join(keys)}"
+        else:
+            waiting = "no sample is running"
+        raise TimeoutError(
+            f"no batch came within batch_timeout_s={timeout:g} s; {waiting} (a read or "
+            "decode that does not return?). The epoch stopped: state_dict() resumes it"
         )
 
     def padding_batch(self) -> Formed | None:
@@ -1020,19 +1035,25 @@ class CpuEpoch(EpochBase):
 
     # -- stages (worker threads) -----------------------------------------------------------
     def read(self, task: Task) -> Task:
+        me = self.hold(task.key, "read")
         try:
             task.data = self.loader.source.read(task.index)
         except BaseException:
             self.note_failure(task.position, "read")
             raise
+        finally:
+            self.in_hand.pop(me, None)
         return task
 
     def decode(self, task: Task) -> Task:
+        me = self.hold(task.key, "decode")
         try:
             self.decode_one(task)
         except BaseException:
             self.note_failure(task.position, "decode")
             raise
+        finally:
+            self.in_hand.pop(me, None)
         return task
 
     def decode_one(self, task: Task, run: Run | None = None) -> None:
@@ -1097,22 +1118,27 @@ class CpuEpoch(EpochBase):
         timed = sizer is not None or limit is not None  # straggler mode's per-sample times
         took: list[float] = []
         ordinals = self.ordinals[stage]
-        for i, task in enumerate(run):
-            if self.stopping.is_set():
-                break
-            began = clock()
-            try:
-                op(task)
-            except Exception as exc:
-                self.run_failure(stage, task, exc, next(ordinals))
-            except BaseException:
-                self.abandon(run[i:])
-                raise
-            else:
-                next(ordinals)
-                kept.append(task)
-                if timed:
-                    took.append(clock() - began)
+        hand, me = self.in_hand, threading.get_ident()  # `hold`, inline
+        try:
+            for i, task in enumerate(run):
+                if self.stopping.is_set():
+                    break
+                began = clock()
+                hand[me] = (task.key, stage, began)
+                try:
+                    op(task)
+                except Exception as exc:
+                    self.run_failure(stage, task, exc, next(ordinals))
+                except BaseException:
+                    self.abandon(run[i:])
+                    raise
+                else:
+                    next(ordinals)
+                    kept.append(task)
+                    if timed:
+                        took.append(clock() - began)
+        finally:
+            hand.pop(me, None)
         # Recorded once per run (a lock each): with 16 threads every contended lock costs.
         if sizer is not None:
             sizer.observe(stage, took)

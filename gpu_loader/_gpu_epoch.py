@@ -86,11 +86,14 @@ class GpuEpoch(EpochBase):
         fetch_threads = opts.io_threads or max(loader.io_threads, min(8, loader.decode_threads))
 
         def fetch(task: Task) -> FetchedSample:
+            me = self.hold(task.key, "fetch")
             try:
                 return fetcher(task)
             except BaseException:
                 self.note_failure(task.position, "fetch")
                 raise
+            finally:
+                self.in_hand.pop(me, None)
 
         self.fetch_pipeline = (
             PipelineBuilder()
@@ -138,12 +141,15 @@ class GpuEpoch(EpochBase):
                     yield list(batch.items)
 
     def decode_batch(self, samples: list[FetchedSample], state: WorkerState) -> GpuBatch:
+        me = self.hold(run_key(samples), "gpu_decode")
         try:
             return self.stage(samples, state)
         except BaseException as exc:
             # The whole batch is lost (a device error): each sample fails with this cause.
             self.record_gpu_failures([(s.position, s.key, exc) for s in samples])
             raise
+        finally:
+            self.in_hand.pop(me, None)
 
     def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
         with self.gpu_failures_lock:

@@ -98,7 +98,8 @@ class LoaderOptions:
     """Images with more pixels are refused before decoding (decompression bombs)."""
     batch_timeout_s: float | None = None
     """Seconds one ``next()`` may wait for its batch before it raises `TimeoutError`
-    naming the samples it waits for (DataLoader's ``timeout``); None: as long as it takes.
+    naming the samples the workers have held longest (DataLoader's ``timeout``); None: as
+    long as it takes. It raises after the epoch's threads are joined for up to 1 s more.
     A read that never returns (a hung remote store) otherwise holds the epoch for good.
     The epoch stops, and its ``state_dict()`` resumes it. The first batch's wait includes
     the epoch's start-up."""

@@ -75,10 +75,12 @@ def test_set_epoch_while_an_epoch_runs_stops_it(unique_list: FileList) -> None:
 
 
 class GatedFirstRead:
-    """A FileList whose first read waits for `gate`: a consumer stays inside next()."""
+    """A FileList whose first read (of index ``first``) waits for `gate`: a consumer stays
+    inside next()."""
 
-    def __init__(self, inner: FileList) -> None:
+    def __init__(self, inner: FileList, first: int = 0) -> None:
         self.inner = inner
+        self.first = first
         self.gate = threading.Event()
         self.waiting = threading.Event()
 
@@ -89,13 +91,13 @@ class GatedFirstRead:
         return len(self.inner)
 
     def read(self, i: int) -> bytes:
-        if i == 0:
+        if i == self.first:
             self.waiting.set()
             self.gate.wait(30)
         return self.inner.read(i)
 
     def readinto(self, i: int, buf: Any) -> int:  # the GPU path's fetch
-        if i == 0:
+        if i == self.first:
             self.waiting.set()
             self.gate.wait(30)
         return self.inner.readinto(i, buf)
@@ -192,6 +194,34 @@ def test_a_read_that_does_not_return_times_out_naming_it_and_resumes(
     resumed.load_state_dict(state)
     labels = sorted(int(v) for _, y in resumed for v in y)
     assert labels == list(range(len(unique_list)))
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+def test_a_timeout_names_the_sample_that_hangs_not_the_ones_queued_with_it(
+    unique_list: FileList, path: str
+) -> None:
+    # Ordered mode reads in runs (4 here), and a run marks all its samples started: the
+    # message named the run's first positions, the hung third one behind them or not at
+    # all (QA). It names what the worker threads hold, longest first.
+    from gpu_loader.cuda import standin_ports
+
+    source = GatedFirstRead(unique_list, first=2)
+    options = gl.LoaderOptions(batch_timeout_s=0.5, samples_per_task=4, monitor_gpu=False)
+    if path == "gpu":
+        options = gl.LoaderOptions(
+            batch_timeout_s=0.5, decode_on="gpu", gpu_ports=standin_ports(), monitor_gpu=False
+        )
+    loader = make(source, batch_size=8, options=options)
+    try:
+        with pytest.raises(TimeoutError) as caught:
+            next(iter(loader))
+    finally:
+        source.gate.set()
+        loader.close()
+    message = str(caught.value)
+    stage = "read" if path == "cpu" else "fetch"
+    assert re.search(rf"hand longest are {re.escape(unique_list.key(2))} \({stage}, ", message)
+    assert unique_list.key(0) not in message and unique_list.key(1) not in message
 
 
 def test_a_restarted_epoch_lists_each_bad_file_once(bad_list: tuple[FileList, set[str]]) -> None:
