@@ -105,6 +105,62 @@ def test_matches_the_cpu_path(unique_list: FileList) -> None:
         assert psnr > 30, psnr
 
 
+def gpu_options(**kw: Any) -> gl.LoaderOptions:
+    return gl.LoaderOptions(
+        decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 * 2**20, monitor_gpu=False, **kw
+    )
+
+
+@pytest.mark.parametrize(("streams", "io_threads"), [(2, 1), (1, 4), (2, 4)])
+def test_ordered_batches_do_not_depend_on_streams_or_threads(
+    unique_list: FileList, streams: int, io_threads: int
+) -> None:
+    # Design invariant 2 on this path: each batch's rows and pixels whatever the counts.
+    def epoch(**kw: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader = gl.ImageLoader(
+            unique_list,
+            batch_size=8,
+            transform=TrainTransform(SIZE),
+            seed=4,
+            options=gpu_options(**kw),
+        )
+        return [(x.clone(), y.clone()) for x, y in loader]
+
+    ref = epoch(gpu_streams=1, io_threads=1)
+    got = epoch(gpu_streams=streams, io_threads=io_threads)
+    assert len(ref) == len(got) == -(-len(unique_list) // 8)
+    for (xr, yr), (xg, yg) in zip(ref, got, strict=True):
+        assert torch.equal(yr, yg) and torch.equal(xr, xg)
+
+
+def test_max_pixels_refuses_larger_images_at_fetch_and_delivers_the_rest(
+    unique_list: FileList,
+) -> None:
+    # The decompression-bomb guard on this path: JPEGs by their header (never decoded),
+    # the PNGs by the CPU decode the fetch threads run for them.
+    from PIL import Image
+
+    pixels = {}
+    for i in range(len(unique_list)):
+        with Image.open(unique_list.key(i)) as im:
+            pixels[i] = im.width * im.height
+    limit = sorted(pixels.values())[len(pixels) // 2]
+    big = {i for i, n in pixels.items() if n > limit}
+    assert 0 < len(big) < len(pixels)
+    loader = gl.ImageLoader(
+        unique_list,
+        batch_size=8,
+        transform=TrainTransform(SIZE),
+        max_failures=None,
+        options=gpu_options(max_pixels=limit),
+    )
+    assert sorted(labels_of(loader)) == sorted(set(pixels) - big)
+    failed = loader.failed_samples()
+    assert {f.key for f in failed} == {unique_list.key(i) for i in big}
+    assert {f.stage for f in failed} == {"fetch"}
+    assert all(f"max_pixels={limit:,}" in f.error for f in failed)
+
+
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 def test_resume_mid_epoch_delivers_the_rest_once(unique_list: FileList, batching: str) -> None:
     loader = make(unique_list, batching=batching, seed=6)
