@@ -125,7 +125,8 @@ class LoaderOptions:
     gpu_streams: int = 2
     """GPU path: worker threads, each with its own CUDA stream and decoder."""
     arena_bytes: int = 256 * 2**20
-    """GPU path: pinned host memory for fetched bytes; bounds the bytes in flight. A
+    """GPU path: pinned host memory for fetched bytes; bounds the pinned bytes in flight
+    (a fetch that finds no room for 1 s reads into ordinary memory instead). A
     quarter as much again, allocated at first use, holds decoded non-JPEG pixels on
     their way to the GPU."""
     gpu_ports: GpuPorts | None = None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
+
 import gpu_loader
 
 # The documented top-level names (README "Public API", docs/architecture.md).
@@ -41,3 +45,14 @@ def test_unknown_name_is_an_attribute_error() -> None:
         assert "not_a_name" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+@pytest.mark.parametrize("name", ["batching", "cuda", "monitor", "ops", "pipeline", "sources"])
+def test_each_subpackages_names_resolve_once(name: str) -> None:
+    # Their order is ruff's (RUF022, isort-style: constants, classes, functions), which
+    # `make test` checks; `pipeline` keeps plain sorted() (tests/pipeline/test_builder.py).
+    module = importlib.import_module(f"gpu_loader.{name}")
+    names = list(module.__all__)
+    assert len(names) == len(set(names))
+    for public in names:
+        assert getattr(module, public) is not None, public
