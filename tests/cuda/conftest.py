@@ -34,6 +34,16 @@ def _pil(image: np.ndarray | Image.Image, fmt: str, **kw: object) -> bytes:
     return buf.getvalue()
 
 
+def undefined_tables(jpeg: bytes) -> bytes:
+    """``jpeg`` with its scan naming Huffman tables it never defines: the header and the
+    marker structure are whole (the fetch passes it), the decode fails (both decoders)."""
+    sos = jpeg.index(b"\xff\xda")
+    damaged = bytearray(jpeg)
+    for c in range(jpeg[sos + 4]):
+        damaged[sos + 6 + 2 * c] = 0x33
+    return bytes(damaged)
+
+
 def sample_files() -> dict[str, bytes]:
     """name -> bytes: the formats that decode, and the ones that must fail."""
     rng = np.random.default_rng(11)
@@ -55,6 +65,7 @@ def sample_files() -> dict[str, bytes]:
     }
     bad = {
         "truncated.jpg": _jpeg(photos[3])[:700],
+        "undecodable.jpg": undefined_tables(_jpeg(photos[2])),
         "garbage.jpg": b"\xff\xd8\xff" + b"not a jpeg at all" * 40,
         "text.jpg": b"hello, I am not an image\n" * 20,
         "empty.jpg": b"",
@@ -62,7 +73,7 @@ def sample_files() -> dict[str, bytes]:
     return {**good, **bad}
 
 
-BAD = {"truncated.jpg", "garbage.jpg", "text.jpg", "empty.jpg"}
+BAD = {"truncated.jpg", "undecodable.jpg", "garbage.jpg", "text.jpg", "empty.jpg"}
 
 
 @dataclass

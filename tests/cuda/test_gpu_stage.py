@@ -68,10 +68,11 @@ def test_bad_inputs_fail_with_their_key(dataset: Dataset) -> None:
     failed_keys = {key.rsplit("/", 1)[-1] for _, key, _ in batch.failed}
     fetch_keys = {dataset.names[i] for i, _ in fetch_failed}
     # Input that is not a JPEG is decoded at fetch, so it fails there (as on the CPU path),
-    # like a JPEG whose header cannot be read; a truncated JPEG decodes to None in
-    # nvImageCodec, then fails in the stage's CPU fallback too.
-    assert fetch_keys == {"garbage.jpg", "text.jpg", "empty.jpg"}
-    assert failed_keys == {"truncated.jpg"}
+    # like a JPEG whose header cannot be read or whose data is cut short; one whose scan
+    # names undefined tables decodes to None in nvImageCodec, then fails in the stage's
+    # CPU fallback too.
+    assert fetch_keys == {"garbage.jpg", "text.jpg", "empty.jpg", "truncated.jpg"}
+    assert failed_keys == {"undecodable.jpg"}
     for _, key, exc in batch.failed:
         assert isinstance(exc, DecodeError)
         assert key in str(exc)
@@ -103,9 +104,9 @@ def test_output_dtypes(dataset: Dataset, dtype: str) -> None:
 
 
 def test_all_failed_batch_is_empty_but_well_formed(dataset: Dataset) -> None:
-    # text.jpg fails at fetch (not a JPEG), truncated.jpg in the stage: a batch of one
+    # text.jpg fails at fetch (not a JPEG), undecodable.jpg in the stage: a batch of one
     # sample that fails there is empty.
-    bad = [dataset.names.index(n) for n in ("truncated.jpg", "text.jpg")]
+    bad = [dataset.names.index(n) for n in ("undecodable.jpg", "text.jpg")]
     batch, _, arena, fetch_failed = run_batch(dataset, indices=bad)
     images, labels = handoff(batch)
     assert tuple(images.shape) == (0, 3, OUT, OUT) and tuple(labels.shape) == (0,)

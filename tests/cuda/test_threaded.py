@@ -117,11 +117,11 @@ def test_threaded_stage_end_to_end(dataset: Dataset) -> None:
     assert mismatches == []
     bad_positions = {p for p in positions if dataset.names[index_of[p]] in BAD}
     fetch_failed_keys = sorted(f.key for f in fetch_failures)
-    # Unreadable headers and input that is not a JPEG fail at fetch (where non-JPEG input
-    # is decoded); only the truncated JPEG gets as far as the stage.
-    at_fetch = ("garbage.jpg", "text.jpg", "empty.jpg")
+    # Unreadable headers, data cut short and input that is not a JPEG fail at fetch (where
+    # non-JPEG input is decoded); only the JPEG with undefined tables reaches the stage.
+    at_fetch = ("garbage.jpg", "text.jpg", "empty.jpg", "truncated.jpg")
     assert all(k.endswith(at_fetch) for k in fetch_failed_keys)
-    assert all(dataset.names[index_of[p]] == "truncated.jpg" for p in failed)
+    assert all(dataset.names[index_of[p]] == "undecodable.jpg" for p in failed)
     # Exactly once: every position delivered or failed, none twice.
     assert len(delivered) == len(set(delivered))
     assert set(delivered).isdisjoint(failed)

@@ -8,7 +8,6 @@ runtime, which records any ordering violation).
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ from gpu_loader.cuda import standin_ports
 from gpu_loader.ops import EvalTransform, TrainTransform
 from gpu_loader.pipeline import PipelineFailure
 from gpu_loader.sources import FileList
+from tests.cuda.conftest import undefined_tables
 from tests.loader.conftest import checkpoint_after_a_failure, image_files
 
 SIZE = 32
@@ -69,17 +69,19 @@ def test_every_sample_once_and_bad_files_reported(
 def test_max_failures_counts_the_fetch_failures_before_the_checkpoint(
     bad_list: tuple[FileList, set[str]],
 ) -> None:
-    # Four bad files fail in fetch here: past max_failures=3 whether or not the epoch
-    # was resumed in between (a resumed epoch counted only its own).
+    # Five bad files fail in fetch here (the truncated JPEG too: its data's markers are
+    # checked): past max_failures=3 whether or not the epoch was resumed in between (a
+    # resumed epoch counted only its own).
     source, _ = bad_list
-    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 items")):
+    past = r"more than 3 failures \([45] items"  # the fourth, or the fifth alongside it
+    with pytest.raises(PipelineFailure, match=past):
         labels_of(make(source, batch_size=4, shuffle=False, max_failures=3))
     saver = make(source, batch_size=4, shuffle=False, max_failures=None)  # no limit while saving
     state = checkpoint_after_a_failure(saver)
     assert state["batcher"]["failed_stages"].get("fetch")
     fresh = make(source, batch_size=4, shuffle=False, max_failures=3)
     fresh.load_state_dict(state)
-    with pytest.raises(PipelineFailure, match=re.escape("more than 3 failures (4 items")):
+    with pytest.raises(PipelineFailure, match=past):
         labels_of(fresh)
 
 
@@ -159,6 +161,31 @@ def test_max_pixels_refuses_larger_images_at_fetch_and_delivers_the_rest(
     assert {f.key for f in failed} == {unique_list.key(i) for i in big}
     assert {f.stage for f in failed} == {"fetch"}
     assert all(f"max_pixels={limit:,}" in f.error for f in failed)
+
+
+def test_a_jpeg_whose_compressed_data_breaks_its_markers_is_refused_at_fetch(
+    unique_list: FileList, tmp_path: Path
+) -> None:
+    # nvImageCodec decoded it (a "Corrupt JPEG data" line on stderr) and its damaged
+    # pixels went into a batch; the CPU path refuses it (QA32).
+    keys = [unique_list.key(i) for i in range(len(unique_list))]
+    good = next(k for k in keys if k.endswith(".jpg"))
+    data = Path(good).read_bytes()
+    at = data.index(b"\xff\xda") + 300
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(data[:at] + b"\xff\xd5" + b"\x00" * 40 + data[at + 42 :])
+    source = FileList([(k, i) for i, k in enumerate(keys)] + [(str(damaged), len(keys))])
+    loader = gl.ImageLoader(
+        source,
+        batch_size=8,
+        transform=TrainTransform(SIZE),
+        max_failures=None,
+        options=gpu_options(),
+    )
+    assert sorted(labels_of(loader)) == list(range(len(keys)))
+    (failed,) = loader.failed_samples()
+    assert (failed.key, failed.stage) == (str(damaged), "fetch")
+    assert "corrupt JPEG data: restart marker 5 at byte" in failed.error
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
@@ -264,15 +291,15 @@ def test_decoders_and_streams_are_kept_across_epochs(unique_list: FileList) -> N
 def test_the_failure_rate_is_checked_at_the_end_of_an_epoch(
     unique_list: FileList, tmp_path: Any
 ) -> None:
-    # Two of ~50 JPEGs cut in half: their headers pass fetch, their data fails GPU decode
-    # (and the CPU fallback). 4% is over the default 1% although fewer than 100 samples
+    # Two of ~50 JPEGs whose scans name undefined tables: they pass fetch, and fail GPU
+    # decode (and the CPU fallback). 4% is over the default 1% although fewer than 100 samples
     # ran, so the epoch ends with PipelineFailure, as on the CPU path.
     items = [(unique_list.key(i), i) for i in range(len(unique_list))]
     jpegs = [i for i, (key, _) in enumerate(items) if key.endswith(".jpg")][:2]
     for i in jpegs:
         cut = tmp_path / f"cut{i}.jpg"
         data = unique_list.read(i)
-        cut.write_bytes(data[: len(data) // 2])
+        cut.write_bytes(undefined_tables(data))
         items[i] = (str(cut), i)
     with pytest.raises(PipelineFailure, match="gpu_decode"):
         labels_of(make(FileList(items)))

@@ -82,9 +82,27 @@ def main(so_path: str, cases_path: str) -> None:
         assert top == -1 or (0 <= top <= size[0] - bh and 0 <= left <= size[1] - bw)
     reads = _check_reads(native, cases)
     headers = _check_headers(native, cases, rng)
+    scans = _check_data_walk(native, cases, rng)
     print(
-        f"asan ok: {exact} exact, {failed} damaged files refused, {reads} reads, {headers} headers"
+        f"asan ok: {exact} exact, {failed} damaged files refused, {reads} reads, "
+        f"{headers} headers, {scans} data walks"
     )
+
+
+def _check_data_walk(native: object, cases: list[bytes], rng: np.random.Generator) -> int:
+    """jpeg_data_damage over cuts and damaged copies, each in an exactly sized buffer."""
+    walk = native.jpeg_data_damage  # type: ignore[attr-defined]
+    count = 0
+    for data in cases:
+        assert walk(np.frombuffer(data, np.uint8).copy()) is None
+        for _ in range(200):
+            damaged = np.frombuffer(data[: int(rng.integers(0, len(data) + 1))], np.uint8).copy()
+            if len(damaged) > 2:
+                at = rng.integers(0, len(damaged), int(rng.integers(1, 6)))
+                damaged[at] = rng.choice([0xFF, 0xD9, 0xDA, 0xDD, 0xD3, 0x00], len(at))
+            walk(damaged)
+            count += 1
+    return count
 
 
 def _check_headers(native: object, cases: list[bytes], rng: np.random.Generator) -> int:
