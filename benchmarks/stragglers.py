@@ -96,7 +96,7 @@ def make_loader(data: Path, system: str, scenario: str = "decode", batch: int = 
 
 def make_dataloader(data: Path, scenario: str, batch: int = BATCH) -> Iterable[Any]:
     import torch.utils.data as tud
-    from gpu_loader.benchmarks.cpu_loaders import FastSample, collate, list_files
+    from gpu_loader.benchmarks.cpu_loaders import FastSample, list_files
 
     class Sample(FastSample):
         def __getitem__(self, i: int) -> tuple[Any, int]:
@@ -110,7 +110,6 @@ def make_dataloader(data: Path, scenario: str, batch: int = BATCH) -> Iterable[A
         batch_size=batch,
         shuffle=True,
         num_workers=2,
-        collate_fn=collate,
         prefetch_factor=2,
     )
 
