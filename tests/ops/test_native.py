@@ -11,7 +11,14 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from gpu_loader.ops import CropParams, DecodeError, TrainTransform, cpu_backend, load_into
+from gpu_loader.ops import (
+    CropParams,
+    DecodeError,
+    EvalTransform,
+    TrainTransform,
+    cpu_backend,
+    load_into,
+)
 from gpu_loader.ops._backend import ENV_VAR, native_module
 from gpu_loader.ops._resample import resize_reference
 from gpu_loader.ops._transform import NATIVE_DTYPE_CODES, native_affine
@@ -351,3 +358,41 @@ def test_damaged_files_raise_and_never_crash() -> None:
             assert np.isfinite(out).all()
             outcomes["ok"] += 1
     assert outcomes["error"] > 50  # the damage is found, not decoded as grey blocks
+
+
+def test_native_header_read_and_its_libjpeg_fallback_give_the_same_pixels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # load_into's native path reads the header in C and falls back to libjpeg's read (then
+    # walks the header again for the chroma ratio) where the C walk steps aside.
+    import cv2
+
+    from gpu_loader.datasets import photo_like
+
+    native = native_module()
+    assert native is not None
+    bgr = np.ascontiguousarray(photo_like(1037, 1211, np.random.default_rng(9))[:, :, ::-1])
+    files = []
+    for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420):
+        ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling])
+        assert ok
+        files.append(encoded.tobytes())
+    factors: list[int] = []
+    real_decode = native.decode_resize_jpeg
+
+    def spy(data: bytes, denom: int, *rest: object) -> None:
+        factors.append(denom)
+        real_decode(data, denom, *rest)
+
+    monkeypatch.setattr(native, "decode_resize_jpeg", spy)
+    t = EvalTransform(24)
+    outs = []
+    for header in (native.jpeg_header, lambda data: None):
+        monkeypatch.setattr(native, "jpeg_header", header)
+        for data in files:
+            out = np.empty((3, 24, 24), np.float32)
+            load_into(data, t, np.random.default_rng(0), out, dtype="float32")
+            outs.append(out)
+    assert factors == [2, 8, 2, 8]  # 4:1:1 capped at 1/2 by either header read
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[3])

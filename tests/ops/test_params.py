@@ -200,3 +200,27 @@ def test_transforms_are_frozen_and_normalised() -> None:
     assert t.mean == (0.5, 0.5, 0.5) and t.std != IMAGENET_MEAN
     with pytest.raises(AttributeError):
         t.size = 3  # type: ignore[misc]
+
+
+def test_eval_centre_crop_rounds_half_offsets_to_even_as_torchvision() -> None:
+    # Squashed to 9 x 7, cropped to 4 x 4: offsets 2.5 and 1.5 both round to 2 (floor
+    # would give 1 on the left; rounding half up, 3 at the top).
+    p = EvalTransform((4, 4), resize=(9, 7)).make_params(90, 70, np.random.default_rng(0))
+    assert (p.top, p.left) == (pytest.approx(2 * 90 / 9), pytest.approx(2 * 70 / 7))
+    assert (p.height, p.width) == (pytest.approx(4 * 90 / 9), pytest.approx(4 * 70 / 7))
+
+
+def test_eval_default_resize_rounds_the_256_over_224_ratio() -> None:
+    assert EvalTransform(96).resize == 110  # 109.71: floor would give 109
+    assert EvalTransform((100, 64)).resize == 114  # the longer side: 114.29
+
+
+def test_reduced_decode_factor_keeps_both_sides_at_least_the_minimum() -> None:
+    from gpu_loader.ops._decode import choose_dct_factor
+
+    # A wide image whose crop needs 800 px across: only 1/2 keeps the width.
+    assert choose_dct_factor(200, 1600, (20, 800)) == 2
+    assert choose_dct_factor(1600, 200, (800, 20)) == 2
+    assert choose_dct_factor(1600, 1600, (100, 100)) == 8
+    assert choose_dct_factor(1600, 1600, None) == 1
+    assert choose_dct_factor(63, 4000, (1, 1)) == 1  # under 64 px a side: never scaled

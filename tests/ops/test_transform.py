@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,46 +223,6 @@ def test_4_1_1_chroma_is_not_decoded_below_half_scale(scales_used: list[float]) 
         load_into(data, t, np.random.default_rng(0), out, dtype="float32")
         assert psnr01(out, pillow_reference(data, t, np.random.default_rng(0)), t) >= 35.0
     assert decode(data, min_size=(24, 24)).scale == 0.5
-
-
-def test_native_header_read_and_its_libjpeg_fallback_give_the_same_pixels(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # load_into's native path reads the header in C and falls back to libjpeg's read (then
-    # walks the header again for the chroma ratio) where the C walk steps aside.
-    import cv2
-
-    from gpu_loader.datasets import photo_like
-    from gpu_loader.ops._backend import native_module
-
-    native = native_module()
-    if native is None:
-        pytest.skip("the native extension is not built")
-    bgr = np.ascontiguousarray(photo_like(1037, 1211, np.random.default_rng(9))[:, :, ::-1])
-    files = []
-    for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420):
-        ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling])
-        assert ok
-        files.append(encoded.tobytes())
-    factors: list[int] = []
-    real_decode = native.decode_resize_jpeg
-
-    def spy(data: bytes, denom: int, *rest: object) -> None:
-        factors.append(denom)
-        real_decode(data, denom, *rest)
-
-    monkeypatch.setattr(native, "decode_resize_jpeg", spy)
-    t = EvalTransform(24)
-    outs = []
-    for header in (native.jpeg_header, lambda data: None):
-        monkeypatch.setattr(native, "jpeg_header", header)
-        for data in files:
-            out = np.empty((3, 24, 24), np.float32)
-            load_into(data, t, np.random.default_rng(0), out, dtype="float32")
-            outs.append(out)
-    assert factors == [2, 8, 2, 8]  # 4:1:1 capped at 1/2 by either header read
-    np.testing.assert_array_equal(outs[0], outs[2])
-    np.testing.assert_array_equal(outs[1], outs[3])
 
 
 def float64_path(
@@ -515,3 +476,39 @@ def test_an_unknown_interpolation_is_refused() -> None:
         TrainTransform(224, interpolation="nearest")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`interpolation` must be one of"):
         EvalTransform(224, interpolation="BICUBIC")  # type: ignore[arg-type]
+
+
+def test_a_box_over_the_edge_by_round_off_is_clamped_and_further_is_refused() -> None:
+    from gpu_loader.ops._transform import clamp_box
+
+    over = CropParams(top=10.0, left=0.0, height=40.0 + 5e-4, width=60.0 + 5e-4, flip=False)
+    assert clamp_box(over, 50, 60) == (0.0, 10.0, 60.0, 50.0)
+    for height, width in ((40.5, 60.0), (40.0, 60.01)):
+        outside = CropParams(top=10.0, left=0.0, height=height, width=width, flip=False)
+        with pytest.raises(ValueError, match="exceeds the 50x60 image"):
+            clamp_box(outside, 50, 60)
+
+
+def test_flip_reaches_an_out_that_is_not_contiguous(cpu_backend: str) -> None:
+    # A view into a larger batch tensor (every other row, say) takes the strided path.
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    kw: dict[str, Any] = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25), "dtype": "float32"}
+    box = {"top": 3.0, "left": 5.0, "height": 30.0, "width": 40.0}
+    for flip in (False, True):
+        params = CropParams(**box, flip=flip)
+        dense = np.empty((3, 16, 20), np.float32)
+        transform_into(image, params, dense, **kw)
+        holder = np.zeros((3, 16, 40), np.float32)
+        strided = holder[:, :, ::2]
+        assert not strided.flags.c_contiguous
+        transform_into(image, params, strided, **kw)
+        # Within one level (native: the strided out takes Pillow's uint8 resize).
+        np.testing.assert_allclose(strided, dense, atol=1.01 / 255 / 0.25)
+    np.testing.assert_allclose(dense[:, :, ::-1], _unflipped(image, box, kw), atol=1e-5)
+
+
+def _unflipped(image: np.ndarray, box: dict[str, float], kw: dict[str, Any]) -> np.ndarray:
+    out = np.empty((3, 16, 20), np.float32)
+    transform_into(image, CropParams(**box, flip=False), out, **kw)
+    return out
