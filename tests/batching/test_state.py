@@ -129,3 +129,13 @@ def test_ledger_undeliver_takes_back_only_delivered_positions() -> None:
     ledger.complete(4, ok=True)  # and the position completes again, once
     with pytest.raises(ValueError, match="already completed"):
         ledger.complete(4, ok=True)
+
+
+def test_a_state_from_another_drop_last_setting_is_refused() -> None:
+    saved = StragglerBatcher(4, 10, drop_last=True).state_dict()
+    with pytest.raises(ValueError, match="drop_last"):
+        StragglerBatcher(4, 10, drop_last=False).load_state_dict(saved)
+
+
+def test_the_default_lateness_bound_is_two_batches() -> None:
+    assert StragglerBatcher(4, 16).max_delay_batches == 2  # documented in LoaderOptions

@@ -578,6 +578,10 @@ def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:
         make(unique_list, seed=2, batch_size=4).load_state_dict(state)
     with pytest.raises(ValueError, match="seed"):
         make(unique_list, seed=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="batching='ordered' but this loader has"):
+        make(unique_list, seed=2, batching="straggler").load_state_dict(state)
+    with pytest.raises(ValueError, match="drop_last=False but this loader has"):
+        make(unique_list, seed=2, drop_last=True).load_state_dict(state)
 
 
 def test_a_loader_built_before_init_process_group_refuses_to_iterate(

@@ -152,3 +152,16 @@ def test_rate_validates() -> None:
         meter.add(-1)
     with pytest.raises(ValueError, match="batches"):
         meter.add(1, batches=True)  # type: ignore[arg-type]
+
+
+def test_the_recent_window_keeps_only_its_own_waits() -> None:
+    # A long run's waits must not pile up: each snapshot walks the ones kept.
+    clock = ScriptedClock()
+    meter = StallMeter(clock=clock, window_s=10.0)
+    for _ in range(1000):  # 100 s of 0.01 s waits every 0.1 s
+        meter.wait_started()
+        clock.advance(0.01)
+        meter.wait_ended()
+        clock.advance(0.09)
+    assert len(meter._recent) <= 101
+    assert meter.snapshot().stall_fraction_recent == pytest.approx(0.1, abs=0.01)

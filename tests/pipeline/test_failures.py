@@ -321,3 +321,14 @@ def test_a_policy_never_counts_fewer_calls_than_failures() -> None:
     late = policy.record(FailureRecord("decode", "late", ValueError()), calls=RATE_WARMUP_CALLS - 1)
     assert late is not None
     assert f"{RATE_WARMUP_CALLS} of {RATE_WARMUP_CALLS} items failed" in late.message
+
+
+def test_the_limit_error_is_returned_once_so_the_first_one_wins() -> None:
+    from gpu_loader.pipeline._errors import FailurePolicy
+
+    policy = FailurePolicy("decode", 1)
+    errors = [
+        policy.record(FailureRecord("decode", f"k{i}", ValueError(i)), i + 1) for i in range(4)
+    ]
+    assert [e is not None for e in errors] == [False, True, False, False]
+    assert policy.failures() == 4  # every failure is still recorded

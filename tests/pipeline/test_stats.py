@@ -196,3 +196,14 @@ def test_records_are_frozen_and_every_field_is_documented(cls: type) -> None:
         if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr):
             documented.add(a.target.id)  # type: ignore[union-attr]
     assert documented == set(params)
+
+
+def test_mean_task_time_is_busy_time_over_tasks() -> None:
+    # Few tasks, so an off-by-one in the count shows (3 of 30 ms read as 22 ms).
+    p = PipelineBuilder().add_source(range(3)).pipe(sleepy(0.03), name="op").add_sink(2).build()
+    with p:
+        assert list(p) == [0, 1, 2]
+    op = p.stats().stages[1]
+    assert op.tasks_done == 3
+    assert 0.029 <= op.task_time_mean_s <= 0.06
+    assert op.task_time_mean_s == pytest.approx(op.task_time_p50_s, rel=0.2)

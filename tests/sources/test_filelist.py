@@ -282,3 +282,22 @@ def test_relative_paths_keep_naming_their_files_after_a_chdir(
     assert relative.key(0) == os.path.join(tmp_path, "imgs", "a.jpg")
     # The names as given still make the fingerprint: the list moves with its data.
     assert relative.fingerprint() == FileList([("imgs/a.jpg", 0)], root="/else").fingerprint()
+
+
+def test_fingerprints_tell_name_and_label_apart() -> None:
+    from gpu_loader.sources._base import fingerprint_of
+
+    assert fingerprint_of(["a1"], np.array([2])) != fingerprint_of(["a"], np.array([12]))
+    assert fingerprint_of(["a"], np.array([1])) == fingerprint_of(["a"], np.array([1]))
+
+
+def test_a_csv_line_of_spaces_is_skipped_and_a_header_without_label_is_named(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path / "a.jpg", image_bytes(1))
+    write(tmp_path / "b.jpg", image_bytes(2))
+    (tmp_path / "l.csv").write_text("path,label\na.jpg,0\n   \nb.jpg,1\n")
+    assert FileList.from_csv(tmp_path / "l.csv").labels.tolist() == [0, 1]
+    (tmp_path / "m.csv").write_text("path,class\na.jpg,0\n")
+    with pytest.raises(ValueError, match="naming the columns 'path' and 'label'"):
+        FileList.from_csv(tmp_path / "m.csv")

@@ -256,3 +256,11 @@ def test_bad_weights_are_refused(weights: object, error: type, match: str) -> No
         Sampler(3, rank=0, world_size=1, weights=weights)
     with pytest.raises(ValueError, match="shuffle=False"):
         Sampler(3, rank=0, world_size=1, shuffle=False, weights=[1, 1, 1])
+
+
+def test_position_may_be_the_end_of_the_epoch_and_no_further() -> None:
+    s = Sampler(10, shuffle=False)
+    s.position = len(s)  # an epoch all taken: a checkpoint at its very end
+    assert s.position == 10
+    with pytest.raises(ValueError, match="must be <= 10"):
+        s.position = 11
