@@ -76,9 +76,15 @@ def test_load_state_dict_refuses_mismatches_and_used_batchers() -> None:
         OrderedBatcher(2, 4).load_state_dict(state)
     with pytest.raises(RuntimeError, match="needs a fresh batcher"):
         b.load_state_dict(state)
-    bad = {**state, "delivered": [[0, 9]]}
-    with pytest.raises(ValueError, match=r"expected \[start, stop\] with 0 <= start <= stop <= 4"):
-        StragglerBatcher(2, 4).load_state_dict(bad)
+    for ranges in ([[0, 9]], [[0, 5]], [[-1, 2]], [[3, 2]]):  # past the end by one too
+        bad = {**state, "delivered": ranges}
+        with pytest.raises(
+            ValueError, match=r"expected \[start, stop\] with 0 <= start <= stop <= 4"
+        ):
+            StragglerBatcher(2, 4).load_state_dict(bad)
+    for batches in (-1, 1.0, True, None):
+        with pytest.raises(ValueError, match="'batches' must be an int >= 0"):
+            StragglerBatcher(2, 4).load_state_dict({**state, "batches": batches})
     with pytest.raises(ValueError, match="lists position 1 twice"):
         StragglerBatcher(2, 4).load_state_dict({**state, "failed": [[1, 2]]})
     fresh: StragglerBatcher[int] = StragglerBatcher(2, 4)
@@ -139,3 +145,12 @@ def test_a_state_from_another_drop_last_setting_is_refused() -> None:
 
 def test_the_default_lateness_bound_is_two_batches() -> None:
     assert StragglerBatcher(4, 16).max_delay_batches == 2  # documented in LoaderOptions
+
+
+def test_running_names_at_most_limit_positions_lowest_first() -> None:
+    b: StragglerBatcher[int] = StragglerBatcher(4, 16)
+    for position in (5, 1, 3, 0, 9):
+        b.started(position)
+    b.push(0, 0)  # completed: no longer running
+    assert b.running(limit=2) == [1, 3]
+    assert b.running(limit=10) == [1, 3, 5, 9]

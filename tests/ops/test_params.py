@@ -224,3 +224,14 @@ def test_reduced_decode_factor_keeps_both_sides_at_least_the_minimum() -> None:
     assert choose_dct_factor(1600, 1600, (100, 100)) == 8
     assert choose_dct_factor(1600, 1600, None) == 1
     assert choose_dct_factor(63, 4000, (1, 1)) == 1  # under 64 px a side: never scaled
+
+
+@pytest.mark.parametrize(
+    ("mean", "std"),
+    [((0.5, 0.5, 0.5), (58.0, 57.0, 57.0)), ((124.0, 116.0, 104.0), (0.2, 0.2, 0.2))],
+)
+def test_either_of_mean_or_std_on_the_0_255_scale_warns(
+    mean: tuple[float, ...], std: tuple[float, ...]
+) -> None:
+    with pytest.warns(UserWarning, match="look like 0-255 values"):
+        TrainTransform(32, mean=mean, std=std)

@@ -301,3 +301,9 @@ def test_a_csv_line_of_spaces_is_skipped_and_a_header_without_label_is_named(
     (tmp_path / "m.csv").write_text("path,class\na.jpg,0\n")
     with pytest.raises(ValueError, match="naming the columns 'path' and 'label'"):
         FileList.from_csv(tmp_path / "m.csv")
+
+
+def test_a_csv_path_of_spaces_is_named_empty(tmp_path: Path) -> None:
+    (tmp_path / "l.csv").write_text('path,label\n"   ",3\n')  # quoted: kept as written
+    with pytest.raises(ValueError, match="line 2: the path is empty"):
+        FileList.from_csv(tmp_path / "l.csv")
