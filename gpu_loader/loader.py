@@ -128,7 +128,8 @@ class LoaderOptions:
     """GPU path: pinned host memory for fetched bytes; bounds the pinned bytes in flight
     (a fetch that finds no room for 1 s reads into ordinary memory instead). A
     quarter as much again, allocated at first use, holds decoded non-JPEG pixels on
-    their way to the GPU."""
+    their way to the GPU. Both come from torch's pinned allocator, which rounds each block
+    up to a power of two and keeps it: give a power of two (300 MiB would pin 512)."""
     gpu_ports: GpuPorts | None = None
     """GPU path: the device ports (decode, kernel launch, runtime). None means the CUDA
     implementations; tests pass `gpu_loader.cuda.standin_ports()` to run the GPU

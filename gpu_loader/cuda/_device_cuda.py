@@ -64,7 +64,10 @@ class CudaRuntime:
     def record_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
         import torch
 
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        # Blocking: a host thread that synchronizes on it sleeps until the stream passes
+        # it; the default spins a CPU core for the whole decode + kernel (QA, from CUDA's
+        # cudaEventBlockingSync), which the fetch threads beside it need.
+        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
         event.record(stream)
         return event
 

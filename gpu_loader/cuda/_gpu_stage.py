@@ -387,6 +387,8 @@ class GpuBatchStage:
         self.labels = np.asarray(labels, dtype=np.int64)
         self.dtype: OutputDtype = dtype
         self.max_pixels = max_pixels
+        self.failed_decode_calls = 0
+        """Batch decode calls that raised, so that their batch decoded on the CPU."""
 
     def worker_init(self) -> WorkerState:
         return new_worker_state(self.ports)
@@ -431,7 +433,21 @@ class GpuBatchStage:
             return out
         try:
             results = state.decoder.decode([samples[i].data for i in which], state.stream)
-        except Exception:  # the whole call failed: every sample tries the CPU decoder
+        except Exception as exc:  # the whole call failed: every sample tries the CPU decoder
+            # Said, not silent (QA: device memory running out under nvImageCodec's own
+            # allocations, or a sticky CUDA error, sent every later batch to the CPU
+            # with no word): a warning at the first, then one at each power of two.
+            self.failed_decode_calls += 1
+            count = self.failed_decode_calls
+            if count & (count - 1) == 0:
+                _log.warning(
+                    "the batch decoder raised (%s: %s); decoding this batch on the CPU "
+                    "(%d such batch%s so far)",
+                    type(exc).__name__,
+                    exc,
+                    count,
+                    "" if count == 1 else "es",
+                )
             return out
         if len(results) != len(which):
             # nvImageCodec 0.9 keeps positions (None where one failed); older releases
@@ -468,7 +484,7 @@ class GpuBatchStage:
                     image = self.ports.runtime.upload_image(sample.host.array, stream)
                 elif image is None or (image.height, image.width) != sample.size:
                     # nvImageCodec could not decode this JPEG (or gave another geometry
-                    # than the oriented header): the CPU decoder handles CMYK, EXIF, ...
+                    # than the oriented header): the CPU decoder tries it
                     image, params = self._fallback(sample, stream)
             except Exception as exc:
                 add_note(exc, f"stage: gpu_decode, sample: {sample.key}")

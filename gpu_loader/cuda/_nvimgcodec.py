@@ -17,6 +17,7 @@ itself, so the caller keeps the slice until the stream has passed the decode.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -49,6 +50,8 @@ class NvImageCodecDecoder:
         max_cpu_threads: int = DECODER_THREADS,
     ) -> None:
         nvimgcodec = require("nvidia.nvimgcodec", "GPU batch decode")
+        if (version := getattr(nvimgcodec, "__version__", None)) is not None:
+            check_version(str(version))
         if device_id is None:
             backends = ("cpu",)
         unknown = [b for b in backends if b not in _KINDS]
@@ -85,6 +88,23 @@ class NvImageCodecDecoder:
         return [
             None if im is None else as_device_image(im) for im in self.decode_images(blobs, stream)
         ]
+
+
+MIN_VERSION = (0, 9)
+"""nvImageCodec's first version with what the decoder uses: ``DecodeParams(sample_format=)``
+and ``NVIMGCODEC_DEVICE_CPU_ONLY`` (QA, against the real 0.7 and 0.8 wheels: a TypeError
+at the first decoder, so every GPU-path epoch failed)."""
+
+
+def check_version(version: str) -> None:
+    """Refuse an nvImageCodec older than `MIN_VERSION`, saying what to install."""
+    parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
+    if tuple(parts + [0] * (2 - len(parts))) < MIN_VERSION:
+        raise ImportError(
+            f"nvImageCodec {version} is too old for the GPU path: it needs "
+            f"{'.'.join(map(str, MIN_VERSION))} or newer (pip install -U "
+            "'nvidia-nvimgcodec-cu12[nvjpeg]', or -cu13 for CUDA 13)"
+        )
 
 
 def stream_handle(stream: Any) -> int:

@@ -226,3 +226,30 @@ def test_a_fetch_with_no_hole_large_enough_reads_outside_the_arena(dataset: Data
     held.release()
     rest.release()
     assert arena.stats().in_use == 0
+
+
+def test_a_decode_call_that_raises_sends_its_batch_to_the_cpu_and_says_so(
+    dataset: Dataset, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A whole-call error (device memory out, a sticky CUDA error) moved every later batch
+    # to the CPU with no word: a warning at the first, then at each power of two.
+    stage, runtime = make_stage(dataset.source.labels)
+    good = [i for i, n in enumerate(dataset.names) if n not in BAD]
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    state = stage.worker_init()
+
+    def broken(blobs: object, stream: object) -> list[object]:
+        raise RuntimeError("out of device memory")
+
+    state.decoder.decode = broken  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="gpu_loader.cuda"):
+        for _ in range(5):
+            samples, _ = fetch_all(dataset.source, arena, good)
+            batch = stage(samples, state)
+            assert len(batch.positions) == len(good) and batch.failed == []
+            handoff(batch)
+    runtime.synchronize()
+    assert stage.failed_decode_calls == 5
+    warned = [r.getMessage() for r in caplog.records if "batch decoder raised" in r.getMessage()]
+    assert len(warned) == 3  # the 1st, 2nd and 4th
+    assert "RuntimeError: out of device memory" in warned[0] and "(4 such batches" in warned[2]
