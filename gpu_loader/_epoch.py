@@ -716,7 +716,7 @@ class EpochBase:
         held = sorted(self.in_hand.copy().values(), key=lambda entry: entry[2])[:4]
         if held:
             waiting = "the samples in hand longest are " + ", ".join(
-                f"{key} ({stage}, {now - since:.1f} s)" for key, stage, since in held
+                f"{key} in {stage} for {now - since:.1f} s" for key, stage, since in held
             )
         elif started := self.batcher.running(limit=4):
             keys = [self.loader.source.key(int(self.indices[p])) for p in started]

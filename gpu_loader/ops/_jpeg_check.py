@@ -20,7 +20,7 @@ import numpy as np
 from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._formats import _jpeg_segments
 
-_RST0, _EOI, _SOS, _DRI = 0xD0, 0xD9, 0xDA, 0xDD
+_TEM, _RST0, _EOI, _SOS, _DRI = 0x01, 0xD0, 0xD9, 0xDA, 0xDD
 # Markers with a length field that may come between scans: DHT, DAC, DQT, DNL, DRI, APPn,
 # COM, and SOS itself.
 _BETWEEN_SCANS = frozenset({0xC4, 0xCC, 0xDB, 0xDC, _DRI, *range(0xE0, 0xF0), 0xFE, _SOS})
@@ -71,6 +71,8 @@ def damage_walk(data: bytes | memoryview) -> Damage | None:
     while i < len(places):
         at, code = places[i], codes[i]
         i += 1
+        if code == _TEM:
+            continue  # a marker with no length, allowed anywhere markers are (QA)
         if _RST0 <= code <= _RST0 + 7:
             if restart == 0:
                 return 1, at, code - _RST0, 0

@@ -1043,6 +1043,7 @@ static int jpeg_data_walk(const uint8_t *p, size_t n, size_t i, unsigned restart
         const uint8_t c = p[at + 1];
         r[0] = (long long)at;
         if (c == 0x00 || c == 0xFF) { i = at + 1; continue; }
+        if (c == 0x01) { i = at + 2; continue; } /* TEM: no length, allowed between scans */
         if (c >= 0xD0 && c <= 0xD7) {
             r[1] = c - 0xD0;
             if (restart == 0) return 1;

@@ -220,7 +220,7 @@ def test_a_timeout_names_the_sample_that_hangs_not_the_ones_queued_with_it(
         loader.close()
     message = str(caught.value)
     stage = "read" if path == "cpu" else "fetch"
-    assert re.search(rf"hand longest are {re.escape(unique_list.key(2))} \({stage}, ", message)
+    assert re.search(rf"hand longest are {re.escape(unique_list.key(2))} in {stage} for ", message)
     assert unique_list.key(0) not in message and unique_list.key(1) not in message
 
 

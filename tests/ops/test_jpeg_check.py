@@ -59,6 +59,13 @@ def test_whole_files_pass(walker: str, name: str) -> None:
     assert jpeg_data_damage(data[:-2] + b"\xff\xff\xff\xd9") is None
 
 
+def test_a_tem_marker_between_scans_is_allowed(walker: str) -> None:
+    # TEM (0xFF01) has no length and may sit where markers do; libjpeg reads such a file.
+    data = whole_files()["progressive"]
+    second = data.index(b"\xff\xda", scan_start(data))
+    assert jpeg_data_damage(data[:second] + b"\xff\x01" + data[second:]) is None
+
+
 def test_a_file_cut_short_is_named(walker: str) -> None:
     data = whole_files()["baseline"]
     assert jpeg_data_damage(data[: len(data) * 2 // 3]) == (
@@ -106,7 +113,7 @@ def test_the_native_walk_agrees_with_the_python_one() -> None:
             for _ in range(int(rng.integers(0, 5))):
                 if len(damaged) > 2:
                     at = int(rng.integers(0, len(damaged)))
-                    damaged[at] = int(rng.choice([0xFF, 0xD9, 0xDA, 0xDD, 0xD2, 0x00, 0x7F]))
+                    damaged[at] = int(rng.choice([0xFF, 0xD9, 0xDA, 0xDD, 0xD2, 0x00, 0x01]))
             expected = damage_walk(bytes(damaged))
             assert native.jpeg_data_damage(bytes(damaged)) == expected, bytes(damaged)[:40]
             found += expected is not None

@@ -205,5 +205,6 @@ def test_mean_task_time_is_busy_time_over_tasks() -> None:
         assert list(p) == [0, 1, 2]
     op = p.stats().stages[1]
     assert op.tasks_done == 3
-    assert 0.029 <= op.task_time_mean_s <= 0.06
-    assert op.task_time_mean_s == pytest.approx(op.task_time_p50_s, rel=0.2)
+    # No sleep is shorter than asked; a late one only raises the mean (QA: one running
+    # 20 ms late failed a check against the median).
+    assert 0.029 <= op.task_time_mean_s <= 0.2
