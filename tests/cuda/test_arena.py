@@ -264,3 +264,20 @@ def test_reset_reclaims_slices_lost_at_a_stop() -> None:
     assert arena.stats().in_use == 4 * ALIGN
     whole.release()
     assert arena.stats().live_slices == 0
+
+
+@pytest.mark.parametrize("sizes_known", [True, False])
+def test_fetch_hands_back_exactly_the_files_bytes(tmp_path, sizes_known: bool) -> None:  # type: ignore[no-untyped-def]
+    # The slice is rounded up (and the first guess may be larger still): bytes past the
+    # file's end would be another sample's, left in the arena.
+    arena = PinnedArena(64 * ALIGN)
+    stale = arena.acquire(8 * ALIGN, key="earlier")
+    stale.view[:] = b"\xab" * len(stale.view)
+    stale.release()
+    payload = bytes(range(200)) * 5  # 1000 bytes: not a multiple of ALIGN
+    (tmp_path / "x.bin").write_bytes(payload)
+    items = [(tmp_path / "x.bin", 0)]
+    source = FileList(items) if sizes_known else _NoSizes(items)
+    piece, data = arena.fetch(source, 0, key="x.bin", guess=4 * ALIGN)
+    assert len(data) == len(payload) and bytes(data) == payload
+    piece.release()

@@ -175,3 +175,18 @@ def test_the_pause_between_epochs_leaves_rates_and_stall_alone() -> None:
     per_epoch = (second.stall_s - first.stall_s) / (second.elapsed_s - first.elapsed_s)
     assert per_epoch == pytest.approx(0.1)
     monitor.close()
+
+
+def test_the_active_clock_leaves_out_every_pause_not_just_the_last() -> None:
+    from gpu_loader.monitor._monitor import ActiveClock
+
+    clock = ScriptedClock(100.0)
+    active = ActiveClock(clock)
+    for _ in range(3):  # an epoch of 5 s, then 10 s of validation, three times
+        clock.advance(5.0)
+        active.pause()
+        frozen = active()
+        clock.advance(10.0)
+        assert active() == frozen  # it stands still while paused
+        active.resume()
+    assert active() == pytest.approx(100.0 + 15.0)

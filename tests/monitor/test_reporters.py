@@ -204,3 +204,16 @@ def test_an_unwritable_log_warns_once_not_twice_an_epoch(
         assert logger.failure is not None and "IsADirectoryError" in logger.failure
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and str(folder) in warned[0].getMessage()
+
+
+def test_jsonl_lines_are_on_disk_before_close_and_carry_the_extra_fields(
+    tmp_path: Path,
+) -> None:
+    # A crash loses at most the line being written: each is flushed as it goes.
+    path = tmp_path / "stats.jsonl"
+    logger = JsonlLogger(path, interval_s=60.0, fields=lambda: {"epoch": 3})
+    logger.write(make_stats())
+    logger.write(replace(make_stats(), samples=7))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    logger.close()
+    assert [line["epoch"] for line in lines] == [3, 3] and lines[1]["samples"] == 7

@@ -185,3 +185,9 @@ def test_progress_postfix() -> None:
     # Later, a loop that got nothing lately is a measurement: zero, and a verdict.
     stalled = progress_postfix(make_stats(samples_per_s_recent=0.0, stall_fraction_recent=1.0))
     assert stalled.startswith("img/s=0 stall=100.0%") and "bottleneck=decode" in stalled
+
+
+def test_stage_task_times_are_flattened_in_milliseconds() -> None:
+    flat = flatten_stage(stage("decode", 0.5))
+    assert flat["stage.decode.mean_ms"] == pytest.approx(4.0)  # task_time_mean_s 0.004
+    assert flat["stage.decode.p90_ms"] == pytest.approx(12.5)

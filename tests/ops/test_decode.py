@@ -576,3 +576,14 @@ def test_a_child_forked_during_a_lifted_decode_gets_pillows_limit_back(
     dec._reset_lift_in_child()  # what os.register_at_fork runs in the child
     assert Image.MAX_IMAGE_PIXELS == 12345 and dec._lifts == 0
     assert not dec._lift_lock.locked()
+
+
+def test_a_bmp_cut_inside_its_row_padding_is_refused() -> None:
+    # One pixel wide, 24-bit: 3 bytes of pixel and 1 of padding per row; the file's last
+    # byte is padding, and without it the rows are short.
+    buf = io.BytesIO()
+    Image.fromarray(np.full((5, 1, 3), 200, np.uint8)).save(buf, "BMP")
+    data = buf.getvalue()
+    decode(data)
+    with pytest.raises(DecodeError, match="truncated or corrupt BMP: it ends"):
+        decode(data[:-1], key="cut.bmp")

@@ -59,6 +59,15 @@ def test_whole_files_pass(walker: str, name: str) -> None:
     assert jpeg_data_damage(data[:-2] + b"\xff\xff\xff\xd9") is None
 
 
+def test_a_restart_interval_of_256_or_more_is_read_whole(walker: str) -> None:
+    # Both bytes of the interval: read as its low byte, 256 was 0 ("no interval"), and
+    # every restart marker looked like damage.
+    data = pillow_jpeg(512, 512, 5, restart_marker_blocks=256)
+    dri = data.index(b"\xff\xdd")
+    assert data[dri + 4 : dri + 6] == b"\x01\x00" and b"\xff\xd0" in data[scan_start(data) :]
+    assert jpeg_data_damage(data) is None
+
+
 def test_a_tem_marker_between_scans_is_allowed(walker: str) -> None:
     # TEM (0xFF01) has no length and may sit where markers do; libjpeg reads such a file.
     data = whole_files()["progressive"]

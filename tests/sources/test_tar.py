@@ -310,6 +310,11 @@ def test_compressed_and_missing_shards_are_clear_errors(shards: list[Path], tmp_
     cut.write_bytes(shards[0].read_bytes()[: big.offset_data + big.size // 2])
     with pytest.raises(ValueError, match=r"cut\.tar.*truncated or corrupt"):
         TarShards([str(cut)])
+    with tarfile.open(shards[0]) as tar:  # one byte short of the last member's data
+        last = tar.getmembers()[-1]
+    cut.write_bytes(shards[0].read_bytes()[: last.offset_data + last.size - 1])
+    with pytest.raises(ValueError, match=r"cut\.tar.*truncated or corrupt"):
+        TarShards([str(cut)])
 
 
 def test_a_damaged_or_cut_member_header_is_not_the_end_of_the_shard(
