@@ -83,3 +83,44 @@ def test_the_loader_check_runs_on_the_spread_samples(tmp_path: Path) -> None:
     assert len(set(subset.labels.tolist())) > 1  # not only the first class
     assert subset.fingerprint() != insp._Subset(index, [0, 1, 2, 3]).fingerprint()
     assert insp.loader_rate(index, positions, 32, 1, 1, min_s=0.05) > 0
+
+
+def test_the_recommendation_is_the_fewest_threads_near_the_best() -> None:
+    def p(threads: int, rate: float) -> insp.StageProfile:
+        return insp.StageProfile("decode", threads, rate, 0)
+
+    assert insp.recommend([p(1, 100), p(2, 99), p(4, 100)]) == 1  # within 5% of the best
+    assert insp.recommend([p(1, 50), p(2, 96), p(4, 100)]) == 2
+    assert insp.thread_counts(2) == [1, 2, 4] and insp.thread_counts(4) == [1, 2, 4, 8]
+
+
+def test_failed_items_do_not_count_as_throughput() -> None:
+    def half_fail(i: int) -> int:
+        if i % 2:
+            raise ValueError("bad")
+        time.sleep(0.002)
+        return i
+
+    def all_pass(i: int) -> int:
+        time.sleep(0.002)
+        return i
+
+    items = list(range(20))
+    failing = insp.time_stage("decode", half_fail, items, threads=1, min_s=0.05)
+    assert failing.failures == 10
+    # Ten sleeps a pass, counted as ten items: the same pace per good item as all_pass.
+    good = insp.time_stage("decode", all_pass, items[:10], threads=1, min_s=0.05)
+    assert failing.items_per_s < 1.5 * good.items_per_s
+
+
+def test_the_report_names_the_slower_stage_as_the_bottleneck(tmp_path: Path) -> None:
+    from gpu_loader.sources import FileList
+
+    index = FileList([(str(tmp_path / "a.jpg"), 0)])
+    read = [insp.StageProfile("read", 1, 1000.0, 0)]
+    decode = [insp.StageProfile("decode", 1, 100.0, 0)]
+    assert "bottleneck: decode (best read 1000" in insp.format_report(
+        index, 1, 2, read, decode, 90.0
+    )
+    read = [insp.StageProfile("read", 1, 50.0, 0)]
+    assert "bottleneck: read" in insp.format_report(index, 1, 2, read, decode, 40.0)
