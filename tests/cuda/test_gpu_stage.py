@@ -253,3 +253,36 @@ def test_a_decode_call_that_raises_sends_its_batch_to_the_cpu_and_says_so(
     warned = [r.getMessage() for r in caplog.records if "batch decoder raised" in r.getMessage()]
     assert len(warned) == 3  # the 1st, 2nd and 4th
     assert "RuntimeError: out of device memory" in warned[0] and "(4 such batches" in warned[2]
+
+
+def test_the_cpu_fallback_keeps_the_fetch_crop_and_catches_a_wrong_geometry(
+    dataset: Dataset,
+) -> None:
+    # One JPEG the batch decoder could not decode (None) and one it returned with another
+    # image's geometry: both go to the CPU decoder, cropped with the box the fetch drew
+    # from the header (a new draw would differ from the CPU path), and match the CPU path.
+    stage, runtime = make_stage(dataset.source.labels)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    good = [i for i, n in enumerate(dataset.names) if n not in BAD]
+    samples, _ = fetch_all(dataset.source, arena, good)
+    state = stage.worker_init()
+    real = state.decoder.decode
+    swapped: list[tuple[int, int]] = []
+
+    def tampered(blobs: object, stream: object) -> list[object]:
+        out = list(real(blobs, stream))
+        first, second = [i for i, image in enumerate(out) if image is not None][:2]
+        assert (out[first].height, out[first].width) != (out[second].height, out[second].width)
+        out[first], out[second] = None, out[first]
+        swapped.append((first, second))
+        return out
+
+    state.decoder.decode = tampered  # type: ignore[method-assign]
+    batch = stage(samples, state)
+    images, _ = handoff(batch)
+    host = runtime.to_host(images).numpy()
+    assert swapped and batch.failed == [] and len(batch.positions) == len(good)
+    for row, position in enumerate(batch.positions):
+        index = good[position]
+        expected = reference((dataset.root / dataset.names[index]).read_bytes(), index)
+        assert np.abs(host[row] - expected).max() < 0.02, dataset.names[index]
