@@ -124,6 +124,20 @@ def test_failed_rows_are_free_and_unused_tensors_are_recycled() -> None:
     images2, order2 = r.rows.assemble([5, 6, 7], second)
     assert order2 == [5, 6, 7] and rows_hold(images2, order2)
     assert len(r.recycled) == 1 and r.recycled[0].data_ptr() == slab
+    assert r.rows._slabs == {}  # every batch is done, the failed sample's too: none kept
+
+
+def test_a_finished_row_a_later_batch_needs_is_not_sealed_away() -> None:
+    # Position 1 is decoded but moved to a later batch; a batch made of 0, 2, 3 and an
+    # outsider must not be built on batch 0's tensor, whose row 1 it would hand out.
+    r = Rows(12)
+    kept = r.decode(1)
+    batch = [r.decode(p) for p in (0, 2, 3, 4)]
+    images, order = r.rows.assemble([0, 2, 3, 4], batch)
+    assert r.rows.fresh == 1 and rows_hold(images, order)
+    later = [kept] + [r.decode(p) for p in (5, 6, 7)]
+    images2, order2 = r.rows.assemble([1, 5, 6, 7], later)
+    assert sorted(order2) == [1, 5, 6, 7] and rows_hold(images2, order2)
 
 
 def test_hold_back_names_samples_in_rows_until_the_batcher_has_them() -> None:
