@@ -286,3 +286,38 @@ def test_the_cpu_fallback_keeps_the_fetch_crop_and_catches_a_wrong_geometry(
         index = good[position]
         expected = reference((dataset.root / dataset.names[index]).read_bytes(), index)
         assert np.abs(host[row] - expected).max() < 0.02, dataset.names[index]
+
+
+def test_a_worker_state_is_never_shared_with_a_thread_still_running() -> None:
+    # A stuck worker keeps its stream and decoder: reclaim() after the epoch's join must
+    # not hand them to the next epoch's worker (one thread per decoder and stream).
+    import threading
+
+    from gpu_loader.cuda import standin_ports
+    from gpu_loader.cuda._gpu_stage import WorkerPool
+
+    pool = WorkerPool(standin_ports(StandinRuntime()))
+    states: dict[str, object] = {}
+    acquired, release = threading.Event(), threading.Event()
+
+    def stuck_worker() -> None:
+        states["stuck"] = pool.acquire()
+        acquired.set()
+        release.wait(10)
+
+    stuck = threading.Thread(target=stuck_worker)
+    stuck.start()
+    assert acquired.wait(10)
+    ended = threading.Thread(target=lambda: states.update(ended=pool.acquire()))
+    ended.start()
+    ended.join()
+    pool.reclaim()
+    fresh: list[object] = []
+    worker = threading.Thread(target=lambda: fresh.extend([pool.acquire(), pool.acquire()]))
+    worker.start()
+    worker.join()
+    release.set()
+    stuck.join()
+    assert any(s is states["ended"] for s in fresh)
+    assert not any(s is states["stuck"] for s in fresh)
+    assert pool.created == 3  # two at first, then one new: the stuck thread's kept
