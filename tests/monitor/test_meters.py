@@ -165,3 +165,16 @@ def test_the_recent_window_keeps_only_its_own_waits() -> None:
         clock.advance(0.09)
     assert len(meter._recent) <= 101
     assert meter.snapshot().stall_fraction_recent == pytest.approx(0.1, abs=0.01)
+
+
+def test_the_first_batch_is_left_out_of_the_recent_rate_too() -> None:
+    # It arrives at the end of the start-up: counted in the window it would read as if
+    # delivered in no time.
+    clock = ScriptedClock()
+    meter = RateMeter(clock=clock, window_s=1.0)
+    meter.add(100)
+    clock.advance(1.0)
+    meter.add(10)
+    snap = meter.snapshot()
+    assert snap.samples_per_s_recent == pytest.approx(10.0)
+    assert snap.samples == 110

@@ -217,3 +217,14 @@ def test_jsonl_lines_are_on_disk_before_close_and_carry_the_extra_fields(
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     logger.close()
     assert [line["epoch"] for line in lines] == [3, 3] and lines[1]["samples"] == 7
+
+
+@pytest.mark.parametrize("lines", [False, True])
+def test_a_later_epochs_progress_counts_from_its_own_start(lines: bool) -> None:
+    # The loader's stats count every epoch's samples; epoch 2 of 50 starts at 100.
+    out = io.StringIO()
+    reporter = ProgressReporter(total=50, file=out, start=100, lines=lines)
+    reporter.update(make_stats(samples=120))
+    reporter.close(make_stats(samples=130))
+    text = out.getvalue()
+    assert "30/50" in text and "130/" not in text and "120/" not in text
