@@ -144,3 +144,28 @@ def test_decoder_returns_none_for_undecodable_input() -> None:
     decoder = StandinDecoder(rt)
     blob = memoryview(np.frombuffer(b"\xff\xd8\xff\xe0" + b"\0" * 64, np.uint8))
     assert decoder.decode([blob], rt.new_stream()) == [None]
+
+
+def test_a_batch_is_handed_off_once_however_often_it_is_asked() -> None:
+    # A second wait_event + record_stream per call would cost a device call each time a
+    # training loop reads batch.images through handoff again.
+    from gpu_loader.cuda._gpu_stage import GpuBatch
+
+    calls: list[object] = []
+
+    class Runtime:
+        def handoff(self, tensors: object, event: object) -> None:
+            calls.append(event)
+
+    batch = GpuBatch(
+        images=torch.zeros(1),
+        labels=torch.zeros(1),
+        positions=[0],
+        keys=["k"],
+        event="E",
+        failed=[],
+        runtime=Runtime(),  # type: ignore[arg-type]
+    )
+    handoff(batch)
+    images, _ = handoff(batch)
+    assert calls == ["E"] and images is batch.images

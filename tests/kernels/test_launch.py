@@ -106,6 +106,9 @@ def test_pack_samples_empty_batch() -> None:
         ((1, 4, 4, 12), (0.5, 0, 4, 4), "leaves the 4x4 image"),
         ((1, 4, 4, 12), (0, 0, 4, 4.002), "leaves"),
         ((1, 4, 4, 12), (0, -0.1, 2, 2), "leaves"),
+        ((1, 4, 4, 12), (-0.25, 0, 2, 2), "leaves"),  # the kernel would read row -1
+        ((1, 4, 2**31 // 3, 2**31), (0, 0, 1, 1), "too large for 32-bit indexing"),
+        ((1, 2**31, 4, 12), (0, 0, 1, 1), "too large for 32-bit indexing"),
     ],
 )
 def test_pack_samples_rejects_bad_samples(
