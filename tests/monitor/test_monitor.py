@@ -190,3 +190,19 @@ def test_the_active_clock_leaves_out_every_pause_not_just_the_last() -> None:
         assert active() == frozen  # it stands still while paused
         active.resume()
     assert active() == pytest.approx(100.0 + 15.0)
+
+
+def test_the_verdict_follows_the_recent_stall_not_the_whole_run() -> None:
+    # A loader that starved the loop early and keeps up now: "training step", though the
+    # stall over the whole run is still above the threshold.
+    clock = ScriptedClock()
+    config = MonitorConfig(interval_s=60.0, window_s=5.0, gpu="off")
+    with Monitor(config, clock=clock, proc=FakeProc()) as monitor:
+        for wait_s in [0.1] + [1.0] * 10 + [0.0] * 20:  # start-up, 10 s starved, 10 s fine
+            with monitor.waiting():
+                clock.advance(wait_s)
+            monitor.record_batch(8)
+            clock.advance(0.5)
+        stats = monitor.stats()
+    assert stats.stall_fraction > 0.3 and stats.stall_fraction_recent == 0.0
+    assert stats.bottleneck == "training step"

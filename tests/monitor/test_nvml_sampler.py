@@ -267,3 +267,18 @@ def test_lifecycle_errors_and_validation() -> None:
         NvmlSampler([-1])
     with pytest.raises(ValueError, match="max_consecutive_failures"):
         NvmlSampler(max_consecutive_failures=0)
+
+
+def test_failures_that_are_not_consecutive_never_stop_sampling() -> None:
+    # A flaky driver failing every other read must not add up to the consecutive limit.
+    gpu = FakeGpu()
+    sampler = NvmlSampler(interval_s=1.0, nvml=FakeNvml(gpus=[gpu]), max_consecutive_failures=3)
+    assert sampler._setup()
+    try:
+        for tick in range(12):
+            gpu.lost = tick % 2 == 0
+            assert sampler._tick(), tick
+        snap = sampler.snapshot()
+    finally:
+        sampler.close()
+    assert snap.available and snap.errors == 6
