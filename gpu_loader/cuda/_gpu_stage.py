@@ -50,7 +50,7 @@ from gpu_loader.ops import (
     decode,
     probe_size,
 )
-from gpu_loader.ops._jpeg_check import jpeg_data_damage
+from gpu_loader.ops._jpeg_check import check_jpeg_data
 from gpu_loader.ops._transforms import Random
 from gpu_loader.pipeline._errors import add_note, release_locals
 from gpu_loader.sources import sample_stream
@@ -178,8 +178,7 @@ class GpuFetcher:
             rng = sample_stream(self.seed, self.epoch, index if stream is None else stream)
             if size is not None:
                 check_pixels(key, size, self.max_pixels)
-                if (damage := jpeg_data_damage(data)) is not None:
-                    raise DecodeError(f"cannot decode image {key!r}: corrupt JPEG data: {damage}")
+                check_jpeg_data(data, key=key)
                 params = self.transform.make_params(size[0], size[1], rng)
                 return FetchedSample(position, index, key, data, piece, params, size, rng)
             host = decode(data, key=key, max_pixels=self.max_pixels)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_loader.ops._backend import native_module
+from gpu_loader.ops._decode import _fail
 from gpu_loader.ops._formats import _jpeg_segments
 
 _TEM, _RST0, _EOI, _SOS, _DRI = 0x01, 0xD0, 0xD9, 0xDA, 0xDD
@@ -49,6 +50,13 @@ def jpeg_data_damage(data: bytes | memoryview) -> str | None:
         return None
     kind, at, a, b = found
     return _WORDS[kind].format(at=at, a=a, b=b)
+
+
+def check_jpeg_data(data: bytes | memoryview, *, key: str) -> None:
+    """Raise `DecodeError` (worded as the decoders' errors) when `jpeg_data_damage` finds
+    the JPEG ``data`` of sample ``key`` damaged."""
+    if (damage := jpeg_data_damage(data)) is not None:
+        raise _fail(key, f"corrupt JPEG data: {damage}")
 
 
 def damage_walk(data: bytes | memoryview) -> Damage | None:
