@@ -55,6 +55,13 @@ class SampleIndex(Protocol):
         ...
 
 
+def apple_double(name: str) -> bool:
+    """Whether the file name ``name`` is a macOS resource fork ("._x.jpg", left by copies
+    from a Mac): no image, and as a sample a decode failure per epoch (torchvision lists
+    them). ImageFolder and TarShards pass them over."""
+    return name.startswith("._")
+
+
 def check_index(i: int, length: int) -> int:
     """``i`` as a plain int in ``[0, length)``; IndexError otherwise."""
     j = operator.index(i)

@@ -12,7 +12,7 @@ from pathlib import PurePath
 import numpy as np
 
 from gpu_loader.sources import _io
-from gpu_loader.sources._base import FileIndex
+from gpu_loader.sources._base import FileIndex, apple_double
 
 _log = logging.getLogger("gpu_loader.sources")
 
@@ -120,13 +120,6 @@ class ImageFolder(FileIndex):
 _Found = tuple[str, int, int]
 
 
-def _apple_double(name: str) -> bool:
-    """A macOS resource fork ("._x.jpg", left by copies from a Mac): no image, and as a
-    sample a decode failure per epoch (torchvision lists them). TarShards passes them
-    over too."""
-    return name.startswith("._")
-
-
 def _no_classes(root: str) -> FileNotFoundError:
     return FileNotFoundError(
         f"ImageFolder found no class folders in {root!r}; expected root/<class>/<image> "
@@ -159,7 +152,7 @@ def _scan_local(
         for dirpath, fnames in sorted(_walk(os.path.join(root, name), above)):
             rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
-                if fname.lower().endswith(exts) and not _apple_double(fname):
+                if fname.lower().endswith(exts) and not apple_double(fname):
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
                     files.append((rel_dir + fname, label, -1))
         if len(files) == before:
@@ -234,7 +227,7 @@ def _scan_fsspec(
         for path, info in found.items():
             base = posixpath.basename(path)
             if info.get("type") == "file" and base.lower().endswith(exts):
-                if _apple_double(base):
+                if apple_double(base):
                     continue
                 size = info.get("size")
                 chosen.append((path, -1 if size is None else int(size)))

@@ -23,6 +23,7 @@ import numpy as np
 
 from gpu_loader.sources import _io
 from gpu_loader.sources._base import (
+    apple_double,
     check_index,
     check_label,
     check_labels_index,
@@ -357,8 +358,8 @@ def _group(shard: str, tar: tarfile.TarFile, shard_size: int) -> list[_Entry]:
                 f"tar shard {shard!r} is truncated or corrupt: member {member.name!r} needs "
                 f"{member.offset_data + member.size} bytes, the shard has {shard_size}"
             )
-        if posixpath.basename(member.name).startswith("._"):
-            continue  # a macOS resource fork ("._x.jpg"): not an image, no word of it
+        if apple_double(posixpath.basename(member.name)):
+            continue  # not an image, no word of it
         parts = _KEY_EXT.match(member.name)
         if parts is None:
             if _image_like(member.name):
