@@ -27,6 +27,14 @@ def jpeg(image: np.ndarray, quality: int = 90, sub: str = "420") -> bytes:
     return bytes(simplejpeg.encode_jpeg(image, quality=quality, colorsubsampling=sub))
 
 
+def pillow_jpeg(image: np.ndarray, mode: str = "RGB", **kw: object) -> bytes:
+    """``image`` as a JPEG from Pillow (``kw``: its save options, progressive, restart
+    markers, ...), in colour ``mode``."""
+    buf = io.BytesIO()
+    Image.fromarray(image).convert(mode).save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
 def png(image: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, "PNG")

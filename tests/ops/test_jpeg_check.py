@@ -4,34 +4,31 @@ the Python one on every input."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import simplejpeg
-from PIL import Image
 
 from gpu_loader.datasets import photo_like
 from gpu_loader.ops import _jpeg_check
 from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._jpeg_check import damage_walk, jpeg_data_damage
+from tests.ops.conftest import pillow_jpeg
 
 
-def pillow_jpeg(h: int, w: int, seed: int, mode: str = "RGB", **kw: object) -> bytes:
-    buf = io.BytesIO()
-    image = Image.fromarray(photo_like(h, w, np.random.default_rng(seed))).convert(mode)
-    image.save(buf, "JPEG", quality=90, **kw)
-    return buf.getvalue()
+def photo(h: int, w: int, seed: int) -> np.ndarray:
+    return photo_like(h, w, np.random.default_rng(seed))
 
 
 def whole_files() -> dict[str, bytes]:
     image = photo_like(120, 160, np.random.default_rng(0))
     return {
         "baseline": bytes(simplejpeg.encode_jpeg(image, quality=85)),
-        "progressive": pillow_jpeg(90, 130, 1, progressive=True),
-        "restarts": pillow_jpeg(100, 140, 2, restart_marker_rows=1),
-        "progressive restarts": pillow_jpeg(64, 96, 3, progressive=True, restart_marker_blocks=3),
-        "grey": pillow_jpeg(50, 70, 4, mode="L"),
+        "progressive": pillow_jpeg(photo(90, 130, 1), progressive=True),
+        "restarts": pillow_jpeg(photo(100, 140, 2), restart_marker_rows=1),
+        "progressive restarts": pillow_jpeg(
+            photo(64, 96, 3), progressive=True, restart_marker_blocks=3
+        ),
+        "grey": pillow_jpeg(photo(50, 70, 4), mode="L"),
         "1x1": bytes(simplejpeg.encode_jpeg(image[:1, :1].copy(), quality=85)),
     }
 
@@ -62,7 +59,7 @@ def test_whole_files_pass(walker: str, name: str) -> None:
 def test_a_restart_interval_of_256_or_more_is_read_whole(walker: str) -> None:
     # Both bytes of the interval: read as its low byte, 256 was 0 ("no interval"), and
     # every restart marker looked like damage.
-    data = pillow_jpeg(512, 512, 5, restart_marker_blocks=256)
+    data = pillow_jpeg(photo(512, 512, 5), restart_marker_blocks=256)
     dri = data.index(b"\xff\xdd")
     assert data[dri + 4 : dri + 6] == b"\x01\x00" and b"\xff\xd0" in data[scan_start(data) :]
     assert jpeg_data_damage(data) is None

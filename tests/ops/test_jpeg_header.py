@@ -15,12 +15,7 @@ from PIL import Image
 from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import _jpeg_header
 from gpu_loader.ops._formats import jpeg_chroma_ratio, jpeg_header, jpeg_orientation
-
-
-def pillow_jpeg(image: np.ndarray, mode: str = "RGB", **kw: object) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(image).convert(mode).save(buf, "JPEG", quality=90, **kw)
-    return buf.getvalue()
+from tests.ops.conftest import pillow_jpeg
 
 
 def segment(data: bytes, marker: int) -> tuple[int, int]:
