@@ -28,16 +28,23 @@ from tests.loader.conftest import checkpoint_after_a_failure, image_files
 SIZE = 32
 
 
-def make(source: Any, ports: Any = None, **kw: Any) -> gl.ImageLoader:
-    kw.setdefault("batch_size", 8)
-    kw.setdefault("transform", TrainTransform(SIZE))
-    options = gl.LoaderOptions(
+def gpu_options(ports: Any = None, **kw: Any) -> gl.LoaderOptions:
+    """The GPU path on the stand-in ports (``ports``, else fresh ones), with ``kw``."""
+    return gl.LoaderOptions(
         decode_on="gpu",
         gpu_ports=ports or standin_ports(),
         arena_bytes=16 * 2**20,
         monitor_gpu=False,
+        **kw,
     )
-    return gl.ImageLoader(source, options=options, **kw)
+
+
+def make(
+    source: Any, ports: Any = None, options: gl.LoaderOptions | None = None, **kw: Any
+) -> gl.ImageLoader:
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("transform", TrainTransform(SIZE))
+    return gl.ImageLoader(source, options=options or gpu_options(ports), **kw)
 
 
 def labels_of(loader: gl.ImageLoader) -> list[int]:
@@ -107,25 +114,13 @@ def test_matches_the_cpu_path(unique_list: FileList) -> None:
         assert psnr > 30, psnr
 
 
-def gpu_options(**kw: Any) -> gl.LoaderOptions:
-    return gl.LoaderOptions(
-        decode_on="gpu", gpu_ports=standin_ports(), arena_bytes=16 * 2**20, monitor_gpu=False, **kw
-    )
-
-
 @pytest.mark.parametrize(("streams", "io_threads"), [(2, 1), (1, 4), (2, 4)])
 def test_ordered_batches_do_not_depend_on_streams_or_threads(
     unique_list: FileList, streams: int, io_threads: int
 ) -> None:
     # Design invariant 2 on this path: each batch's rows and pixels whatever the counts.
     def epoch(**kw: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        loader = gl.ImageLoader(
-            unique_list,
-            batch_size=8,
-            transform=TrainTransform(SIZE),
-            seed=4,
-            options=gpu_options(**kw),
-        )
+        loader = make(unique_list, seed=4, options=gpu_options(**kw))
         return [(x.clone(), y.clone()) for x, y in loader]
 
     ref = epoch(gpu_streams=1, io_threads=1)
@@ -149,13 +144,7 @@ def test_max_pixels_refuses_larger_images_at_fetch_and_delivers_the_rest(
     limit = sorted(pixels.values())[len(pixels) // 2]
     big = {i for i, n in pixels.items() if n > limit}
     assert 0 < len(big) < len(pixels)
-    loader = gl.ImageLoader(
-        unique_list,
-        batch_size=8,
-        transform=TrainTransform(SIZE),
-        max_failures=None,
-        options=gpu_options(max_pixels=limit),
-    )
+    loader = make(unique_list, max_failures=None, options=gpu_options(max_pixels=limit))
     assert sorted(labels_of(loader)) == sorted(set(pixels) - big)
     failed = loader.failed_samples()
     assert {f.key for f in failed} == {unique_list.key(i) for i in big}
@@ -175,13 +164,7 @@ def test_a_jpeg_whose_compressed_data_breaks_its_markers_is_refused_at_fetch(
     damaged = tmp_path / "damaged.jpg"
     damaged.write_bytes(data[:at] + b"\xff\xd5" + b"\x00" * 40 + data[at + 42 :])
     source = FileList([(k, i) for i, k in enumerate(keys)] + [(str(damaged), len(keys))])
-    loader = gl.ImageLoader(
-        source,
-        batch_size=8,
-        transform=TrainTransform(SIZE),
-        max_failures=None,
-        options=gpu_options(),
-    )
+    loader = make(source, max_failures=None)
     assert sorted(labels_of(loader)) == list(range(len(keys)))
     (failed,) = loader.failed_samples()
     assert (failed.key, failed.stage) == (str(damaged), "fetch")
