@@ -249,3 +249,29 @@ print("leaving mid-epoch")
     assert result.returncode == 0, result.stderr
     assert "leaving mid-epoch" in result.stdout
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_exiting_mid_epoch_joins_every_thread_before_python_finalizes(photo_dir: Path) -> None:
+    # A daemon thread still running when finalization begins is ended where it next takes
+    # the GIL; inside torch's C++ tensor deallocation that aborted the process ("terminate
+    # called without an active exception", 2-3 exits in 120). The batcher thread and the
+    # monitor's sampler outlived the pipelines' own exit hooks. This hook, registered
+    # before gpu_loader is imported, runs after the loader's (exit hooks run last first).
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:24]]
+    script = f"""
+import atexit, threading
+def alive():
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("gpu_loader"))
+    print("alive at exit:", names)
+atexit.register(alive)
+import gpu_loader as gl
+loader = gl.ImageLoader(gl.sources.FileList([(f, 0) for f in {files!r}]), batch_size=4,
+                        shuffle=False, transform=gl.ops.EvalTransform(size=32, resize=36))
+it = iter(loader)
+next(it); next(it)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "alive at exit: []" in result.stdout, result.stdout
