@@ -124,3 +124,24 @@ def test_the_report_names_the_slower_stage_as_the_bottleneck(tmp_path: Path) -> 
     )
     read = [insp.StageProfile("read", 1, 50.0, 0)]
     assert "bottleneck: read" in insp.format_report(index, 1, 2, read, decode, 40.0)
+
+
+def test_verify_lists_bad_files_in_source_order_whatever_failed_first(tmp_path: Path) -> None:
+    # A decode failure at the front is recorded after the quick read failures behind it.
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from gpu_loader.sources import FileList
+
+    buf = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (1500, 1500, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(buf, "JPEG", quality=95)
+    slow_bad = tmp_path / "cut.jpg"
+    slow_bad.write_bytes(buf.getvalue()[: len(buf.getvalue()) * 3 // 4])
+    missing = [str(tmp_path / f"gone{i}.jpg") for i in range(12)]
+    good, bad = insp.verify(FileList([(str(slow_bad), 0)] + [(m, 0) for m in missing]), threads=2)
+    assert good == []
+    assert [b.index for b in bad] == list(range(13))
+    assert [b.stage for b in bad] == ["decode"] + ["read"] * 12

@@ -206,3 +206,28 @@ def test_the_verdict_follows_the_recent_stall_not_the_whole_run() -> None:
         stats = monitor.stats()
     assert stats.stall_fraction > 0.3 and stats.stall_fraction_recent == 0.0
     assert stats.bottleneck == "training step"
+
+
+def _odd_fails(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    return x
+
+
+def test_failures_default_to_the_sum_over_the_stages() -> None:
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(12))
+        .pipe(_odd_fails, concurrency=2, name="decode", max_failures=None)
+        .pipe(slow_decode, concurrency=1, name="transform")
+        .add_sink(4)
+        .build()
+    )
+    config = MonitorConfig(interval_s=60.0, window_s=5.0, gpu="off")
+    with Monitor(config, proc=FakeProc()) as monitor, pipeline:
+        assert sorted(pipeline) == [0, 2, 4, 6, 8, 10]
+        engine = pipeline.stats()
+    per_stage = {s.name: s.failures for s in engine.stages}
+    assert per_stage["decode"] == 6 and per_stage["transform"] == 0
+    assert monitor.stats(engine).failures == 6
+    assert monitor.stats(engine, failures=2).failures == 2  # the caller's count wins

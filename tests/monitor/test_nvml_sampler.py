@@ -223,6 +223,28 @@ def test_transient_failure_is_recorded_and_sampling_goes_on(
     assert len(warnings_from(caplog)) == 1  # the first failure only
 
 
+def test_a_device_whose_reads_fail_keeps_its_last_memory_figures() -> None:
+    # Its readings leave the window (and the sampler's buffer) while the other device is
+    # read on; the snapshot still shows the memory it had, with no recent samples.
+    clock = ScriptedClock()
+    flaky, good = FakeGpu(used=3 * 1024**3), FakeGpu(used=5 * 1024**3)
+    nvml = FakeNvml(gpus=[flaky, good])
+    sampler = NvmlSampler(interval_s=1.0, window_s=5.0, nvml=nvml, clock=clock)
+    assert sampler._setup()
+    try:
+        assert sampler.sample_once() == 2
+        flaky.lost = True
+        for _ in range(10):
+            clock.advance(1.0)
+            assert sampler.sample_once() == 1
+        old, fresh = sampler.snapshot().devices
+    finally:
+        sampler.close()
+    assert (old.samples, old.sm_util_percent) == (0, None)
+    assert (old.memory_used_bytes, old.memory_total_bytes) == (flaky.used, flaky.total)
+    assert fresh.samples == 5 and fresh.memory_used_bytes == good.used
+
+
 def test_persistent_failure_stops_the_thread_cleanly(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="gpu_loader.monitor")
     gpu = FakeGpu()

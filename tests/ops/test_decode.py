@@ -142,6 +142,11 @@ def test_a_cut_netpbm_file_is_refused_even_when_pillow_would_pad_it(
     assert decode(whole).array.shape == (4, 4, 3)
     with pytest.raises(DecodeError, match="truncated netpbm image: it holds 10 bytes"):
         decode(whole[:-6], key="cut.pgm")
+    # A bitmap's rows are whole bytes: 9 pixels take 2 (the cut is in the last one).
+    bitmap = b"P4\n9 8\n" + bytes(16)
+    assert decode(bitmap).array.shape == (8, 9, 3)
+    with pytest.raises(DecodeError, match="truncated netpbm image: it holds 15 bytes"):
+        decode(bitmap[:-1], key="cut.pbm")
 
 
 def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:

@@ -109,8 +109,10 @@ def test_steps_aside_for_what_it_does_not_read(image: np.ndarray) -> None:
     start, _ = segment(plain, 0xC0)
     lossless = plain[: start + 1] + b"\xc3" + plain[start + 2 :]
     twelve_bit = plain[: start + 4] + b"\x0c" + plain[start + 5 :]
+    no_width = plain[: start + 7] + b"\x00\x00" + plain[start + 9 :]  # libjpeg refuses it
     scan, _ = segment(plain, 0xDA)
-    for data in (lossless, twelve_bit, plain[:scan], plain[:20], b"\xff\xd8\xff", b"not a jpeg"):
+    odd = (lossless, twelve_bit, no_width, plain[:scan], plain[:20], b"\xff\xd8\xff", b"not a jpeg")
+    for data in odd:
         assert jpeg_header(data) is None
     # Those go to libjpeg, which names the problem as before.
     with pytest.raises(Exception, match="'k'"):

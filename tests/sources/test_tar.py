@@ -98,6 +98,7 @@ def test_brace_pattern_and_single_path(shards: list[Path], tmp_path: Path) -> No
     [
         ("x{a,{b,c}}.tar", ["xa.tar", "xb.tar", "xc.tar"]),  # nested: no shard twice
         ("s{1..010}", [f"s{n:03d}" for n in range(1, 11)]),  # padded to the wider end, as bash
+        ("s{0..10}", [f"s{n}" for n in range(11)]),  # a lone 0 is no padding
         ("s{0..6..3}", ["s0", "s3", "s6"]),  # a step
         ("s{a}.tar", ["s{a}.tar"]),  # neither a list nor a range: literal
         ("{a}{0..1}", ["{a}0", "{a}1"]),
@@ -158,11 +159,14 @@ def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_pat
         add_member(tar, "README", b"no extension")
         add_member(tar, "c.png", image_bytes(2, "PNG"))
         add_member(tar, "c.cls", b" 3\n")
+        add_member(tar, "d.JPG", image_bytes(3))  # extensions in any case
+        add_member(tar, "d.cls", b"4")
     path = tmp_path / "x.tar"
     path.write_bytes(out.getvalue())
     index = TarShards([str(path)])
-    assert [index.key(i).split(":")[-1] for i in range(len(index))] == ["a.jpg", "c.png"]
-    assert index.labels.tolist() == [-1, 3]
+    keys = [index.key(i).split(":")[-1] for i in range(len(index))]
+    assert keys == ["a.jpg", "c.png", "d.JPG"]
+    assert index.labels.tolist() == [-1, 3, 4]
 
 
 def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
@@ -246,8 +250,17 @@ def test_links_duplicates_and_bad_labels_are_refused(tmp_path: Path) -> None:
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(info)
 
+    def sparse(tar: tarfile.TarFile) -> None:
+        # `isreg()` holds for a GNU sparse member too: its stored bytes are not the file.
+        data = image_bytes(1)
+        info = tarfile.TarInfo("holes.jpg")
+        info.type, info.size = tarfile.GNUTYPE_SPARSE, len(data)
+        tar.addfile(info, io.BytesIO(data))
+
     with pytest.raises(ValueError, match=r"'evil\.jpg' is a link"):
         TarShards([shard(link)])
+    with pytest.raises(ValueError, match=r"'holes\.jpg' is a sparse file"):
+        TarShards([shard(sparse)])
     with pytest.raises(ValueError, match="two images for the key 'k'"):
         TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.png", b"2")))])
     with pytest.raises(ValueError, match="integer label, got 'cat'"):
