@@ -94,15 +94,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.data is None:
         from gpu_loader.cli import cache_dir
 
-        args.data = make_image_folder(
-            cache_dir() / f"train-example-{args.num_images}-{args.classes}",
-            num_images=args.num_images,
-            num_classes=args.classes,
-            seed=args.seed,
-            min_side=96,
-            max_side=320,
-            progress=True,
-        )
+        try:
+            args.data = make_image_folder(
+                cache_dir() / f"train-example-{args.num_images}-{args.classes}",
+                num_images=args.num_images,
+                num_classes=args.classes,
+                seed=args.seed,
+                min_side=96,
+                max_side=320,
+                progress=True,
+            )
+        except OSError as exc:
+            raise SystemExit(
+                f"cannot write the example dataset into the cache folder {cache_dir()} "
+                f"({exc}); set GPU_LOADER_CACHE to a writable folder, or pass --data"
+            ) from None
     try:
         source = gl.sources.ImageFolder(args.data)
         loader = gl.ImageLoader(

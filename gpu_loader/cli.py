@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         "make-dataset",
         help="write a generated photo-like ImageFolder dataset",
         description="Write a deterministic ImageFolder of generated photo-like images "
-        "(JPEG, a few PNG and grayscale files) to OUT.",
+        "(JPEG, a few PNG and grayscale files) to OUT. OUT may be new, empty, or an earlier "
+        "generated dataset: the same parameters reuse it, others replace it (said on "
+        "stderr); a folder holding any other file is refused.",
     )
     make.add_argument("out", type=Path, metavar="OUT", help="folder to write")
     make.add_argument("--num", type=int, default=2000, help="number of images (default: 2000)")
@@ -252,9 +254,32 @@ def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
     if not is_url(text) and "{" not in text and not os.path.exists(text):
         raise CliError(f"--data {text}: no such folder or file")
     try:
-        return open_index(text)
+        index = open_index(text)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: "Install s3fs to ..."
-        raise CliError(f"--data {text}: {exc}") from None
+        raise CliError(f"--data {text}: {_in_cli_terms(str(exc))}") from None
+    if len(index) == 0:  # a CSV list with its header alone, shards with no image
+        raise CliError(f"--data {text}: {index!r} has no samples (an empty list or shard set?)")
+    return index
+
+
+def _in_cli_terms(message: str) -> str:
+    """ImageFolder's hint names its own arguments, which the commands do not have."""
+    return message.replace(
+        "(pass extensions=... to change them, or allow_empty=True to keep empty classes)",
+        "(remove the empty class folders, or list the files in a CSV: path,label)",
+    )
+
+
+def _check_backend() -> None:
+    """``$GPU_LOADER_CPU_BACKEND`` misspelt, or `native` without the extension built: one
+    error up front. Raised by every decode, it made `verify` report each file as bad (and
+    write an empty clean list) and `inspect` find no readable image."""
+    from gpu_loader.ops._backend import native_module
+
+    try:
+        native_module()
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from None
 
 
 def demo_dataset(num_images: int) -> Path:
@@ -263,7 +288,15 @@ def demo_dataset(num_images: int) -> Path:
 
     target = cache_dir() / f"demo-photos-{num_images}"
     print(f"dataset: {target}", file=sys.stderr)
-    return make_image_folder(target, num_images=num_images, num_classes=10, seed=0, progress=True)
+    try:
+        return make_image_folder(
+            target, num_images=num_images, num_classes=10, seed=0, progress=True
+        )
+    except OSError as exc:
+        raise CliError(
+            f"cannot write the demo dataset into the cache folder {cache_dir()} ({exc}); "
+            "set GPU_LOADER_CACHE to a writable folder, or pass --data"
+        ) from None
 
 
 # ---------------------------------------------------------------------------- commands
@@ -290,6 +323,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _resolve_device(device)
     except (ValueError, RuntimeError) as exc:
         raise CliError(_in_demo_flags(str(exc))) from None
+    _check_backend()
     data = args.data if args.data is not None else demo_dataset(args.num_images)
     index = _open_data(data)
     try:
@@ -372,6 +406,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     _positive("samples", args.samples)
     _positive("size", args.size)
+    _check_backend()
     index = _open_data(args.data)
     try:
         print(inspect_folder(index, samples=args.samples, size=args.size))
@@ -397,8 +432,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.threads is not None:
         _positive("threads", args.threads)
     for path in (args.good_list, args.json):  # before the run, not after it
-        if path is not None and (not path.parent.is_dir() or path.is_dir()):
-            raise CliError(f"{path}: not a file path in an existing folder")
+        if path is not None and path.is_dir():
+            raise CliError(f"{path}: is a folder; give a file path")
+        if path is not None and not path.parent.is_dir():
+            raise CliError(f"{path}: folder {path.parent} does not exist")
+    _check_backend()
     index = _open_data(args.data)
     if args.good_list is not None and isinstance(index, gpu_loader.sources.TarShards):
         raise CliError(
@@ -424,7 +462,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if terminal:
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     took = time.perf_counter() - began
-    print(f"checked {total:,} files in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
+    files = "file" if total == 1 else "files"
+    print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     for b in bad:
         print(f"  {b.key}: {b.stage}: {b.error}")
     if args.good_list is not None:

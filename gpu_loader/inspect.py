@@ -241,7 +241,7 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     if len(bad) == count:  # nothing to time: the rates would be of failures
         raise ValueError(
             f"none of the {count} images sampled could be read and decoded, so there is "
-            f"nothing to profile{format_bad_files(index, bad, limit=5)}"
+            f"nothing to profile{format_bad_files(index, bad, count, limit=5)}"
         )
     blobs.clear()
     rate = loader_rate(index, items, size, recommend(read_profiles), recommend(decode_profiles))
@@ -258,14 +258,23 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
                 "(sample more with --samples)"
             )
         )
-    return report + format_bad_files(index, bad)
+    return report + format_bad_files(index, bad, count)
 
 
-def format_bad_files(index: SampleIndex, bad: dict[int, str], limit: int = 20) -> str:
-    """The files that failed, each with its key and error (the first ``limit``)."""
+def format_bad_files(index: SampleIndex, bad: dict[int, str], sampled: int, limit: int = 20) -> str:
+    """The files that failed of the ``sampled``, each with its key and error (the first
+    ``limit``), and what the loader does with them: it skips bad files only up to its
+    ``max_failures`` (1% by default), so a share above that stops an epoch."""
     if not bad:
         return ""
-    lines = ["", f"bad files ({len(bad)}; the loader skips and reports them):"]
+    share = len(bad) / max(1, sampled)
+    verdict = (
+        "the loader skips and reports them, up to its max_failures (default 1%)"
+        if share <= 0.01
+        else "more than the loader's default max_failures of 1%: an epoch would stop; "
+        "clean the data (gpu-loader verify) or raise max_failures"
+    )
+    lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {share:.0%}; {verdict}):"]
     for i in sorted(bad)[:limit]:
         lines.append(f"  {index.key(i)}: {bad[i]}")
     if len(bad) > limit:

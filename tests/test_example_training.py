@@ -64,3 +64,16 @@ def test_bad_arguments_are_usage_errors(
         _example().parse_args(argv)  # type: ignore[attr-defined]
     assert stopped.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_unwritable_cache_folder_is_named_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")  # a file where the cache folder should be
+    monkeypatch.setenv("GPU_LOADER_CACHE", str(blocker))
+    with pytest.raises(SystemExit) as stopped:
+        _example().main(["--num-images", "8", "--epochs", "1"])  # type: ignore[attr-defined]
+    message = str(stopped.value.code)
+    assert f"cannot write the example dataset into the cache folder {blocker}" in message
+    assert "set GPU_LOADER_CACHE to a writable folder" in message

@@ -17,9 +17,11 @@ from gpu_loader.datasets import make_image_folder
 SCRIPT = Path(sys.executable).with_name("gpu-loader")
 
 
-def run(*args: str, cache: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cache: Path, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpu_loader.cli"]
-    env = {**os.environ, "GPU_LOADER_CACHE": str(cache)}
+    env = {**os.environ, "GPU_LOADER_CACHE": str(cache), **(env or {})}
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
@@ -128,7 +130,8 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     assert "inspected 8 of 14 images" in listed.stdout
     # Bad files are named with their key and error, not only counted (QA).
-    assert "bad files (2; the loader skips and reports them):" in listed.stdout
+    # 2 in 8 is past the loader's default limit of 1%: a run would stop, not skip them.
+    assert "bad files (2 of 8 sampled, 25%; more than the loader's default" in listed.stdout
     assert "bad.jpg: decode: DecodeError:" in listed.stdout
     assert "gone.jpg: read: FileNotFoundError:" in listed.stdout
     assert "CPU backend: native (C, libjpeg-turbo " in inspected.stdout
@@ -206,6 +209,51 @@ def test_verify_of_a_list_whose_backend_is_missing_writes_no_empty_clean_list(
     assert not good.exists()
 
 
+def test_a_misspelt_cpu_backend_is_one_error_not_every_file_bad(tiny: Path, tmp_path: Path) -> None:
+    # verify reported all 40 files bad and wrote a clean list holding its header alone;
+    # inspect said none of the images sampled could be decoded (QA).
+    good = tmp_path / "good.csv"
+    bogus = {"GPU_LOADER_CPU_BACKEND": "bogus"}
+    for command in (
+        ("verify", "--data", str(tiny), "--good-list", str(good)),
+        ("inspect", "--data", str(tiny), "--samples", "4"),
+        ("demo", "--data", str(tiny), "--epochs", "1"),
+    ):
+        result = run(*command, cache=tmp_path, env=bogus)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, command
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "$GPU_LOADER_CPU_BACKEND must be one of" in result.stderr, command
+    assert not good.exists()
+
+
+def test_demo_names_the_cache_folder_it_cannot_write(tmp_path: Path) -> None:
+    # A file where the cache folder should be: a NotADirectoryError traceback (QA).
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    result = run("demo", "--num-images", "10", cache=blocker)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"cannot write the demo dataset into the cache folder {blocker}" in result.stderr
+    assert "set GPU_LOADER_CACHE to a writable folder, or pass --data" in result.stderr
+
+
+def test_an_empty_list_and_a_folder_as_an_output_file_are_clear_errors(tmp_path: Path) -> None:
+    # verify passed an empty list (0 good, 0 bad, exit 0) where demo refused it (QA).
+    header_only = tmp_path / "empty.csv"
+    header_only.write_text("path,label\n")
+    for command in ("verify", "inspect", "demo"):
+        result = run(command, "--data", str(header_only), cache=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, command
+        assert f"--data {header_only}: FileList(0 samples" in result.stderr, command
+        assert "has no samples" in result.stderr
+    folder = tmp_path / "out"
+    folder.mkdir()
+    result = run("verify", "--data", str(header_only), "--good-list", str(folder), cache=tmp_path)
+    assert result.returncode == 2 and f"{folder}: is a folder; give a file path" in result.stderr
+    missing = tmp_path / "nowhere" / "good.csv"
+    result = run("verify", "--data", str(header_only), "--json", str(missing), cache=tmp_path)
+    assert result.returncode == 2 and f"folder {missing.parent} does not exist" in result.stderr
+
+
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
     result = run(cache=tmp_path)
     assert result.returncode == 2 and "usage: gpu-loader" in result.stderr
@@ -242,6 +290,15 @@ def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert str(empty) in result.stderr
+    # A class folder without images: the fix offered is one the command can take, not
+    # ImageFolder's own arguments (allow_empty=True), which it has no flag for (QA).
+    (empty / "cats").mkdir()
+    (empty / "dogs").mkdir()
+    (empty / "dogs" / "a.jpg").write_bytes(b"x")
+    result = run("verify", "--data", str(empty), cache=tmp_path)
+    assert result.returncode == 2 and "no image files for the classes cats" in result.stderr
+    assert "remove the empty class folders, or list the files in a CSV" in result.stderr
+    assert "allow_empty" not in result.stderr
 
 
 def test_demo_with_bad_files_stops_clearly_or_lists_them(tiny: Path, tmp_path: Path) -> None:
