@@ -46,10 +46,10 @@ from gpu_loader.ops import (
     DEFAULT_MAX_PIXELS,
     CropParams,
     DecodedImage,
-    DecodeError,
     decode,
     probe_size,
 )
+from gpu_loader.ops._decode import _check_pixels
 from gpu_loader.ops._jpeg_check import check_jpeg_data
 from gpu_loader.ops._transforms import Random
 from gpu_loader.pipeline._errors import add_note, release_locals
@@ -177,7 +177,7 @@ class GpuFetcher:
             size = probe_size(data, key=key)
             rng = sample_stream(self.seed, self.epoch, index if stream is None else stream)
             if size is not None:
-                check_pixels(key, size, self.max_pixels)
+                _check_pixels(key, size[0], size[1], self.max_pixels)
                 check_jpeg_data(data, key=key)
                 params = self.transform.make_params(size[0], size[1], rng)
                 return FetchedSample(position, index, key, data, piece, params, size, rng)
@@ -248,17 +248,6 @@ class GpuFetcher:
         pinned = piece.buffer[: array.nbytes].reshape(array.shape)
         np.copyto(pinned, array)
         return piece, DecodedImage(pinned, host.scale)
-
-
-def check_pixels(key: str, size: tuple[int, int], max_pixels: int) -> None:
-    """Refuse decompression bombs from the header, before any pixel memory is allocated."""
-    height, width = size
-    if height * width > max_pixels:
-        raise DecodeError(
-            f"cannot decode image {key!r}: {height}x{width} = {height * width:,} pixels exceeds "
-            f"max_pixels={max_pixels:,} (decompression-bomb guard); if the image is legitimate, "
-            f"pass max_pixels >= {height * width}"
-        )
 
 
 @dataclass(eq=False)
