@@ -100,10 +100,13 @@ def check_version(version: str) -> None:
     """Refuse an nvImageCodec older than `MIN_VERSION`, saying what to install."""
     parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
     if tuple(parts + [0] * (2 - len(parts))) < MIN_VERSION:
+        from gpu_loader._optional import _PROVIDERS
+
+        _, cuda12, cuda13 = _PROVIDERS["nvidia.nvimgcodec"]
         raise ImportError(
             f"nvImageCodec {version} is too old for the GPU path: it needs "
-            f"{'.'.join(map(str, MIN_VERSION))} or newer (pip install -U "
-            "'nvidia-nvimgcodec-cu12[nvjpeg]', or -cu13 for CUDA 13)"
+            f"{'.'.join(map(str, MIN_VERSION))} or newer (pip install -U {cuda12}, or "
+            f"{cuda13} for CUDA 13)"
         )
 
 

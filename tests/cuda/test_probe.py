@@ -77,8 +77,11 @@ def test_an_nvimagecodec_too_old_for_the_decoder_is_refused_by_name(
     for ok in ("0.9.0", "0.10.1", "1.0"):
         check_version(ok)
     monkeypatch.setattr(nvimgcodec, "__version__", "0.8.0", raising=False)
-    with pytest.raises(ImportError, match=r"nvImageCodec 0\.8\.0 is too old .* needs 0\.9"):
+    with pytest.raises(ImportError, match=r"nvImageCodec 0\.8\.0 is too old .* needs 0\.9") as info:
         NvImageCodecDecoder(device_id=None)
+    assert "pip install -U 'nvidia-nvimgcodec-cu12[nvjpeg]', or 'nvidia-nvimgcodec-cu13" in str(
+        info.value
+    )
 
 
 def test_the_gpu_extras_ask_for_the_nvimagecodec_the_decoder_needs() -> None:
