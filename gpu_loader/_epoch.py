@@ -917,6 +917,10 @@ class EpochBase:
     def close(self, reason: str | None = None) -> None:
         """Stop the pipelines. ``reason`` (why, for a training loop still holding this
         epoch's iterator) makes that iterator raise it instead of ending quietly."""
+        if os.getpid() != self.pid:
+            # A forked child's copy (its iterator collected, or the child's exit): the
+            # threads are the parent's, and so is the JSON-lines log the hand-over closes.
+            return
         if reason is not None and self.stopped_because is None and not self.finished:
             self.stopped_because = reason
         me = threading.get_ident()

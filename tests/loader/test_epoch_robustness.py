@@ -275,3 +275,32 @@ next(it); next(it)
     )
     assert result.returncode == 0, result.stderr
     assert "alive at exit: []" in result.stdout, result.stdout
+
+
+def test_a_forked_child_leaving_does_not_close_its_parents_epoch(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # The child's copy of the running epoch is the parent's: closing it at the child's exit
+    # wrote the parent's JSON-lines log its last line (and stopped copies of its threads).
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:24]]
+    log = tmp_path / "stats.jsonl"
+    script = f"""
+import os, sys
+import gpu_loader as gl
+options = gl.LoaderOptions(log_jsonl={str(log)!r}, log_interval_s=600)
+loader = gl.ImageLoader(gl.sources.FileList([(f, 0) for f in {files!r}]), batch_size=4,
+                        shuffle=False, transform=gl.ops.EvalTransform(size=32, resize=36),
+                        options=options)
+it = iter(loader)
+next(it)
+if os.fork() == 0:
+    sys.exit(0)  # a normal exit: the exit hooks run
+os.wait()
+print("lines after the child left:", len(open({str(log)!r}).read().splitlines()))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "lines after the child left: 1" in result.stdout, result.stdout + result.stderr
+    assert len(log.read_text().splitlines()) == 2  # the parent's first and last
