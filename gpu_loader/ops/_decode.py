@@ -25,6 +25,7 @@ from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._formats import (
     Format,
     bmp_damage,
+    bmp_for_opencv,
     header_size,
     jpeg_chroma_ratio,
     jpeg_header,
@@ -303,6 +304,7 @@ def _decode_jpeg(
         if "subsampling level" in str(exc):
             # A valid sampling layout TurboJPEG's API has no name for (e.g. chroma finer
             # than luma on one axis): libjpeg itself decodes it, through Pillow, full size.
+            _check_entropy_data(buf, key, height, width)
             return _decode_pillow(
                 buf,
                 key,
@@ -325,6 +327,27 @@ def _decode_jpeg(
         pads = (want_h * factor - height, want_w * factor - width)
         origin = reduced_origin(orientation, pads)
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0 / factor, origin=origin, rgbx=rgbx)
+
+
+def _check_entropy_data(buf: bytes | memoryview, key: str, height: int, width: int) -> None:
+    """Refuse a JPEG whose coded data libjpeg finds damaged, before Pillow decodes it.
+
+    Pillow's libjpeg ignores its corrupt-data warnings and returns the damaged pixels
+    (QA: one byte of a sampling factor changed gave an image 74 levels off, where the
+    native path refused the file). With the native extension the file is entropy-decoded
+    once more, warnings as errors, at 1/8 scale into one pixel; the pure-Python backend
+    has no such decoder (documented in the ops README)."""
+    native = native_module()
+    if native is None:
+        return
+    rows, cols = -(-height // 8), -(-width // 8)
+    try:
+        native.decode_resize_jpeg(
+            buf, 8, rows, cols, (0.0, 0.0, rows, cols), np.empty((3, 1, 1), np.uint8),
+            1, 1, False, 3, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0),
+        )  # fmt: skip
+    except native.JpegError as exc:
+        raise _fail(key, f"corrupt or truncated JPEG data ({exc})") from None
 
 
 def reduced_origin(orientation: int, pads: tuple[int, int]) -> tuple[float, float]:
@@ -372,6 +395,8 @@ def _decode_other(
         _check_pixels(key, size[0], size[1], max_pixels)
     if fmt == "bmp" and (reason := bmp_damage(buf)) is not None:
         raise _fail(key, f"truncated or corrupt BMP: {reason}")
+    if fmt == "bmp" and not bmp_for_opencv(buf):
+        return _decode_pillow(buf, key, max_pixels=max_pixels, exif=exif)
     if fmt == "webp" and (reason := webp_damage(buf)) is not None:
         raise _fail(key, f"truncated WebP: {reason}")
     if fmt == "pnm" and (reason := pnm_damage(buf)) is not None:
@@ -443,12 +468,18 @@ def _decode_pillow(
                 rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGBX")
     except DecodeError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise _fail(key, f"too many pixels ({exc})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         # Pillow names the file object it was given: "<_io.BytesIO object at 0x7f...>".
         said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc))
         raise _fail(key, f"corrupt, truncated or unsupported image ({said})") from None
-    except Image.DecompressionBombError as exc:
-        raise _fail(key, f"too many pixels ({exc})") from None
+    except Exception as exc:
+        # A plugin tripped over a hostile field: a TIFF tag of the wrong type raised a
+        # bare TypeError (QA: "'str' object cannot be interpreted as an integer").
+        raise _fail(
+            key, f"corrupt or unsupported image ({type(exc).__name__} in Pillow: {exc})"
+        ) from None
     rgbx = np.asarray(rgb)
     if orientation is not None and orientation != 1:
         rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))

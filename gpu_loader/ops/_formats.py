@@ -257,6 +257,9 @@ def bmp_damage(data: bytes | memoryview) -> str | None:
         return None
     if compression not in _BMP_COMPRESSIONS:  # OpenCV prints a failed assertion for it
         return f"its header names compression {compression}, which BMP does not define"
+    if offset < 14 + header:
+        # OpenCV read the rows from inside the headers: every row shifted, no error (QA).
+        return f"its pixel data offset {offset} points inside its headers ({14 + header} bytes)"
     if compression not in (0, 3, 6) or bits not in (1, 4, 8, 16, 24, 32) or width <= 0:
         return None  # RLE or embedded JPEG/PNG rows: their length is not known up front
     rows = -(-width * bits // 32) * 4
@@ -264,6 +267,27 @@ def bmp_damage(data: bytes | memoryview) -> str | None:
     if len(view) < needed:
         return f"it ends at byte {len(view):,}, inside its pixel rows ({needed:,} bytes needed)"
     return None
+
+
+# The info-header sizes of the BMP versions: core (OS/2 1.x), 3, OS/2 2.x short and long,
+# the two 3 extensions, 4 and 5.
+_BMP_HEADERS = (12, 40, 52, 56, 16, 64, 108, 124)
+
+
+def bmp_for_opencv(data: bytes | memoryview) -> bool:
+    """Whether OpenCV decodes this BMP without printing to stderr: plain or RLE rows under
+    a known header, and a palette no longer than its bit depth allows. Otherwise Pillow
+    decodes or refuses it, quietly (QA: OpenCV printed a failed assertion for embedded
+    JPEG/PNG rows, CMYK compressions, 300 palette entries and an unknown header size)."""
+    view = memoryview(data)
+    header = int.from_bytes(view[14:18], "little") if len(view) >= 18 else 0
+    if header == 12:
+        return True
+    if header not in _BMP_HEADERS or header < 40 or len(view) < 50:
+        return False
+    bits, compression = struct.unpack("<HI", view[28:34])
+    (colours,) = struct.unpack("<I", view[46:50])
+    return compression in (0, 1, 2, 3, 6) and (bits > 8 or colours <= 1 << bits)
 
 
 def webp_damage(data: bytes | memoryview) -> str | None:

@@ -369,6 +369,53 @@ def test_a_bmp_with_an_undefined_compression_is_named_without_decoder_noise(
     assert capfd.readouterr().err == ""  # OpenCV printed a failed assertion (QA)
 
 
+def test_a_bmp_whose_rows_start_inside_its_headers_is_refused(image: np.ndarray) -> None:
+    # OpenCV read the rows from byte 0: every one shifted, decoded without an error (QA).
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "BMP")
+    data = bytearray(buf.getvalue())
+    for offset in (0, 14, 53):  # the headers end at 54
+        struct.pack_into("<I", data, 10, offset)
+        with pytest.raises(DecodeError, match=f"pixel data offset {offset} points inside"):
+            decode(bytes(data), key="shifted.bmp")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "pillow_says"),
+    [
+        (30, 4, "Unsupported BMP compression"),  # embedded JPEG rows
+        (30, 5, "Unsupported BMP compression"),  # embedded PNG rows
+        (46, 0xFFFFFFFF, "Unsupported BMP Palette size"),  # more colours than 8 bits index
+    ],
+)
+def test_bmp_layouts_opencv_asserts_on_go_to_pillow_quietly(
+    image: np.ndarray, field: int, value: int, pillow_says: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # OpenCV printed "[ERROR] imdecode_ ... can't read header" with its assertion (QA).
+    buf = io.BytesIO()
+    Image.fromarray(image).convert("P").save(buf, "BMP")
+    data = bytearray(buf.getvalue())
+    struct.pack_into("<I", data, field, value)
+    with pytest.raises(DecodeError, match=f"'odd.bmp'.*{pillow_says}"):
+        decode(bytes(data), key="odd.bmp")
+    assert capfd.readouterr().err == ""
+
+
+def test_a_pillow_plugin_tripping_over_a_hostile_field_is_a_decode_error(
+    image: np.ndarray,
+) -> None:
+    # A TIFF whose StripOffsets tag claims type ASCII: Pillow raised a bare TypeError,
+    # which named no file and escaped callers that catch DecodeError (QA).
+    data = bytearray(tiff(image))
+    ifd = struct.unpack("<I", data[4:8])[0]
+    for i in range(struct.unpack("<H", data[ifd : ifd + 2])[0]):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack("<H", data[entry : entry + 2])[0] == 273:  # StripOffsets
+            data[entry + 2 : entry + 4] = struct.pack("<H", 2)
+    with pytest.raises(DecodeError, match=r"'odd\.tif'.*TypeError in Pillow"):
+        decode(bytes(data), key="odd.tif")
+
+
 def test_a_bmp_bomb_is_a_bomb_before_it_is_cut_short() -> None:
     # 60000 x 60000 declared in a 58-byte file: the pixel limit names it, not "truncated".
     header = b"BM" + struct.pack("<IHHI", 58, 0, 0, 54)
@@ -466,6 +513,15 @@ def test_a_sampling_layout_turbojpeg_cannot_name_still_decodes(cpu_backend: str)
     out = np.empty((3, 16, 16), np.float32)
     load_into(data, EvalTransform(16, resize=16), np.random.default_rng(0), out, dtype="float32")
     assert np.isfinite(out).all()
+    # Damage inside its coded data: Pillow's libjpeg decodes it with a warning it ignores
+    # (damaged pixels); the native backend entropy-decodes it first, warnings as errors.
+    damaged = bytearray(data)
+    damaged[500:540] = bytes(40)
+    if cpu_backend == "native":
+        with pytest.raises(DecodeError, match=r"'odd\.jpg'.*bad Huffman code"):
+            decode(bytes(damaged), key="odd.jpg")
+        with pytest.raises(DecodeError, match=r"'odd\.jpg'.*bad Huffman code"):
+            load_into(bytes(damaged), EvalTransform(16), None, out, dtype="float32", key="odd.jpg")
 
 
 def tiff(image: np.ndarray) -> bytes:
