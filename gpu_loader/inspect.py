@@ -274,7 +274,7 @@ def format_bad_files(index: SampleIndex, bad: dict[int, str], sampled: int, limi
         else "more than the loader's default max_failures of 1%: an epoch would stop; "
         "clean the data (gpu-loader verify) or raise max_failures"
     )
-    lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {share:.0%}; {verdict}):"]
+    lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {share:.1%}; {verdict}):"]
     for i in sorted(bad)[:limit]:
         lines.append(f"  {index.key(i)}: {bad[i]}")
     if len(bad) > limit:

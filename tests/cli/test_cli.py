@@ -131,7 +131,7 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     assert "inspected 8 of 14 images" in listed.stdout
     # Bad files are named with their key and error, not only counted (QA).
     # 2 in 8 is past the loader's default limit of 1%: a run would stop, not skip them.
-    assert "bad files (2 of 8 sampled, 25%; more than the loader's default" in listed.stdout
+    assert "bad files (2 of 8 sampled, 25.0%; more than the loader's default" in listed.stdout
     assert "bad.jpg: decode: DecodeError:" in listed.stdout
     assert "gone.jpg: read: FileNotFoundError:" in listed.stdout
     assert "CPU backend: native (C, libjpeg-turbo " in inspected.stdout
