@@ -90,21 +90,46 @@ _STARTED: weakref.WeakSet[EpochBase] = weakref.WeakSet()
 
 def _close_at_exit() -> None:
     """Close every epoch still running when the interpreter exits (a script that leaves
-    mid-epoch, its iterator still held), before Python finalizes.
+    mid-epoch, its iterator still held), then wait for the loader's threads, before
+    Python finalizes.
 
-    The pipelines' own exit hooks join their threads, but not the batcher thread, which
-    kept forming a batch. Finalization then began under it, and a daemon thread that
-    takes the GIL back after that is ended where it stands: inside torch's tensor
-    deallocation (C++, which may not unwind), that aborted the process with "terminate
-    called without an active exception" (QA: 2-3 exits in 120; seen by gdb in the
-    batcher's `assemble`). Registered at import, so that a program's own exit hooks,
-    registered later, run first and still find the epoch running (a last checkpoint).
+    A daemon thread that takes the GIL back after finalization has begun is ended where
+    it stands: inside torch's C++ (a tensor freed, an op in an ``augment``) that aborted
+    the process with "terminate called without an active exception" (QA: 2-3 exits in
+    120, the batcher thread, which the pipelines' own exit hooks did not join; and every
+    exit after a `batch_timeout_s` whose decode was still in a torch op). Threads a
+    close could not join in its time get up to `JOIN_TIMEOUT_S` more; one still running
+    after that (an op that never returns) is named, and may still abort the exit.
+
+    The reason makes an iterator still used by another thread (a prefetching thread of
+    the program's) raise that the interpreter is exiting, not the batcher's own errors.
+    Registered at import, so that a program's own exit hooks, registered later, run
+    first and still find the epoch running (a last checkpoint).
     """
     for epoch in list(_STARTED):
         try:
-            epoch.close()
+            epoch.close("the interpreter is exiting")
         except Exception:  # said, and the other epochs still closed
             logger.exception("gpu_loader: closing a running epoch at exit failed")
+    mine = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("gpu_loader") and t is not threading.current_thread()
+    ]
+    if not any(t.is_alive() for t in mine):
+        return
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for thread in mine:
+        join_started(thread, max(0.0, deadline - time.monotonic()))
+    if stuck := [t.name for t in mine if t.is_alive()]:
+        logger.warning(
+            "gpu_loader: %d thread(s) still running at exit after %.0f s more: %s; one "
+            "inside a C++ call (a torch op, a decoder) may abort the process as Python "
+            "finalizes",
+            len(stuck),
+            JOIN_TIMEOUT_S,
+            ", ".join(stuck),
+        )
 
 
 atexit.register(_close_at_exit)

@@ -277,6 +277,78 @@ next(it); next(it)
     assert "alive at exit: []" in result.stdout, result.stdout
 
 
+def test_exiting_after_a_batch_timeout_waits_for_a_decode_inside_a_torch_op(
+    photo_dir: Path,
+) -> None:
+    # The timeout's short join left a decode thread inside an augment's torch op; Python
+    # finalized under it, and its return to the GIL aborted the process (QA: 20 of 20).
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:16]]
+    script = f"""
+import time, torch
+import gpu_loader as gl
+def slow(image, generator):
+    x, began = image.float(), time.monotonic()
+    while time.monotonic() - began < 1.5:
+        x = torch.nn.functional.avg_pool2d(x[None], 3, 1, 1)[0]
+    return x.clamp(0, 255).to(torch.uint8)
+loader = gl.ImageLoader(gl.sources.FileList([(f, 0) for f in {files!r}]), batch_size=4,
+                        transform=gl.ops.TrainTransform(size=32), augment=slow,
+                        options=gl.LoaderOptions(decode_threads=2, batch_timeout_s=0.3))
+try:
+    next(iter(loader))
+except TimeoutError:
+    print("timed out")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "timed out" in result.stdout and "terminate" not in result.stderr
+
+
+def test_an_iterator_used_by_another_thread_at_exit_says_the_interpreter_is_exiting(
+    photo_dir: Path,
+) -> None:
+    # A program's prefetching thread, waiting in next() as the main thread left, got the
+    # batcher's own errors ("the batcher thread ended without a result", "positions never
+    # completed"), or an epoch that seemed to end (QA: 13 of 20 exits).
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:64]]
+    script = f"""
+import atexit, queue, threading, time
+got, done = [], threading.Event()
+def report():
+    done.wait(20)
+    print("the prefetcher got:", got)
+atexit.register(report)  # before gpu_loader's own exit hook, so it runs after it
+import gpu_loader as gl
+def slow(image, generator):
+    time.sleep(0.05)
+    return image
+loader = gl.ImageLoader(gl.sources.FileList([(f, 0) for f in {files!r}]), batch_size=8,
+                        transform=gl.ops.TrainTransform(size=32), augment=slow)
+batches = queue.Queue()
+def prefetch():
+    try:
+        for batch in loader:
+            batches.put(batch)
+        got.append("the end of the epoch")
+    except Exception as exc:
+        got.append(str(exc))
+    finally:
+        done.set()
+threading.Thread(target=prefetch, daemon=True).start()
+batches.get()
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "the prefetcher got: [\"this epoch's iterator was stopped: the interpreter is exiting"
+        in (result.stdout)
+    ), result.stdout
+
+
 def test_a_forked_child_leaving_does_not_close_its_parents_epoch(
     photo_dir: Path, tmp_path: Path
 ) -> None:
