@@ -463,15 +463,21 @@ def _tiff_orientation(tiff: bytes) -> int:
             if tag != 0x0112:
                 continue
             # Orientation is a SHORT, but Pillow's exif_transpose (which the CMYK JPEGs
-            # decode through) takes any one integer: read it as Pillow does, or the crop
+            # decode through) takes any integer: read it as Pillow does, or the crop
             # drawn on this size would not fit the image decoded (QA: LONG, a 200x60
-            # image probed as 60x200). Several values, as in Pillow, mean none.
+            # image probed as 60x200). Of several values Pillow takes the first, from
+            # wherever the entry points when they do not fit in it, and none when they
+            # run past the block (QA: a count of 2 turned nothing here).
             fmt = _ORIENTATION_TYPES.get(typ)
-            if fmt is None or n != 1:
+            if fmt is None or n == 0:
                 return 1
-            (value,) = struct.unpack(
-                order + fmt, tiff[entry + 8 : entry + 8 + struct.calcsize(fmt)]
-            )
+            size = struct.calcsize(fmt)
+            at = entry + 8
+            if n * size > 4:
+                (at,) = struct.unpack(order + "I", tiff[entry + 8 : entry + 12])
+                if at + n * size > len(tiff):
+                    return 1
+            (value,) = struct.unpack(order + fmt, tiff[at : at + size])
             return value if 1 <= value <= 8 else 1
     except struct.error:
         return 1

@@ -878,18 +878,30 @@ static int tiff_orientation(const uint8_t *t, uint64_t n) {
         const uint64_t entry = ifd + 2 + 12 * (uint64_t)i;
         if (entry + 4 > n) return 1;
         if (U16(t + entry) != 0x0112) continue; /* Orientation */
-        /* Any one integer, as Pillow reads it (_formats._ORIENTATION_TYPES): SHORT, LONG,
-           SBYTE, SSHORT, SLONG; several values mean none. */
+        /* Any integer, as Pillow reads it (_formats._ORIENTATION_TYPES): SHORT, LONG,
+           SBYTE, SSHORT, SLONG; of several, the first, from wherever the entry points
+           when they do not fit in it; none when they run past the block. */
         if (entry + 8 > n) return 1;
         const unsigned type = U16(t + entry + 2);
         const uint64_t size = type == 6 ? 1 : type == 3 || type == 8 ? 2 : 4;
-        if (entry + 8 + size > n) return 1;
         const uint8_t *c = t + entry + 4, *v = t + entry + 8;
         const uint32_t count = little ? ((uint32_t)c[0] | (uint32_t)c[1] << 8 |
                                          (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24)
                                       : ((uint32_t)c[0] << 24 | (uint32_t)c[1] << 16 |
                                          (uint32_t)c[2] << 8 | (uint32_t)c[3]);
-        if (count != 1) return 1;
+        if (type != 3 && type != 4 && type != 6 && type != 8 && type != 9) return 1;
+        if (count == 0) return 1;
+        if ((uint64_t)count * size > 4) {
+            if (entry + 12 > n) return 1;
+            const uint64_t at = little ? ((uint64_t)v[0] | (uint64_t)v[1] << 8 |
+                                          (uint64_t)v[2] << 16 | (uint64_t)v[3] << 24)
+                                       : ((uint64_t)v[0] << 24 | (uint64_t)v[1] << 16 |
+                                          (uint64_t)v[2] << 8 | (uint64_t)v[3]);
+            if (at + (uint64_t)count * size > n) return 1;
+            v = t + at;
+        } else if (entry + 8 + size > n) {
+            return 1;
+        }
         long value;
         if (type == 6) value = (int8_t)v[0];
         else if (type == 3) value = U16(v);

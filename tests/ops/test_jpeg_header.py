@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -274,9 +275,36 @@ def test_orientation_is_read_as_pillow_reads_it(
         assert got is not None and got[3] == want, (typ, value, said)
         assert native_header(data) == got, (typ, value)
         assert turned == ((53, 37) if want >= 5 else (37, 53)), (typ, value)
-    # Several values (Pillow warns, then takes the first, or reads a LONG pair from
-    # wherever the field points): none, here.
-    for typ, field in ((3, struct.pack(end + "HH", 6, 6)), (4, struct.pack(end + "I", 8))):
-        data = with_orientation(typ, 2, field)
-        assert python_walk(data)[3] == 1  # type: ignore[index]
-        assert native_header(data) == python_walk(data)
+
+    # Several values: Pillow warns and takes the first, read from wherever the entry
+    # points when they do not fit in it, and none when they run past the block (QA: a
+    # count of 2 turned nothing here that Pillow, and so torchvision, turns).
+    def with_values(typ: int, count: int, values: bytes) -> bytes:
+        if len(values) <= 4:
+            return with_orientation(typ, count, values.ljust(4, b"\x00"))
+        entry = struct.pack(end + "HHI", 0x0112, typ, count) + struct.pack(end + "I", 26)
+        ifd = struct.pack(end + "H", 1) + entry + b"\x00" * 4
+        tiff_block = order + struct.pack(end + "HI", 42, 8) + ifd + values
+        return plain[:2] + exif_segment(tiff_block) + plain[2:]
+
+    several = [
+        (3, 2, struct.pack(end + "HH", 6, 1)),  # inline
+        (3, 2, struct.pack(end + "HH", 0, 6)),  # the first is out of range: none
+        (6, 4, struct.pack(end + "bbbb", 5, 1, 1, 1)),  # inline SBYTEs
+        (3, 3, struct.pack(end + "HHH", 8, 1, 1)),  # at an offset
+        (4, 2, struct.pack(end + "II", 7, 1)),  # a LONG pair at an offset
+        (3, 3, struct.pack(end + "H", 6)),  # at an offset, but cut short: none
+        (3, 0, b""),  # no value at all
+    ]
+    for typ, count, values in several:
+        data = with_values(typ, count, values)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "tag 274 had too many entries", "corrupt EXIF"
+            with Image.open(io.BytesIO(data)) as im:
+                turned = ImageOps.exif_transpose(im).size[::-1]
+        got = python_walk(data)
+        assert got is not None, (typ, count)
+        assert turned == ((53, 37) if got[3] >= 5 else (37, 53)), (typ, count, got[3])
+        assert got[3] != 1 or turned == (37, 53)
+        assert native_header(data) == got, (typ, count)
+    assert [python_walk(with_values(*c))[3] for c in several] == [6, 1, 5, 8, 7, 1, 1]  # type: ignore[index]
