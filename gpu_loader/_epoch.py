@@ -97,8 +97,9 @@ def _close_at_exit() -> None:
     it stands: inside torch's C++ (a tensor freed, an op in an ``augment``) that aborted
     the process with "terminate called without an active exception" (QA: 2-3 exits in
     120, the batcher thread, which the pipelines' own exit hooks did not join; and every
-    exit after a `batch_timeout_s` whose decode was still in a torch op). Threads a
-    close could not join in its time get up to `JOIN_TIMEOUT_S` more; one still running
+    exit after a `batch_timeout_s` whose decode was still in a torch op). The epochs'
+    threads get `JOIN_TIMEOUT_S` from the hook's start, the closes' own joins included
+    (an earlier close, after a timeout, joined for a second only); one still running
     after that (an op that never returns) is named, and may still abort the exit.
 
     The reason makes an iterator still used by another thread (a prefetching thread of
@@ -106,32 +107,31 @@ def _close_at_exit() -> None:
     Registered at import, so that a program's own exit hooks, registered later, run
     first and still find the epoch running (a last checkpoint).
     """
-    for epoch in list(_STARTED):
+    deadline = time.monotonic() + JOIN_TIMEOUT_S  # the closes' own joins count against it
+    epochs = [e for e in list(_STARTED) if e.pid == os.getpid()]
+    for epoch in epochs:
         try:
             epoch.close("the interpreter is exiting")
         except Exception:  # said, and the other epochs still closed
             logger.exception("gpu_loader: closing a running epoch at exit failed")
-    mine = [
-        t
-        for t in threading.enumerate()
-        if t.name.startswith("gpu_loader") and t is not threading.current_thread()
-    ]
-    if not any(t.is_alive() for t in mine):
-        return
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for thread in mine:
+    current = threading.current_thread()
+    left = [t for e in epochs for t in e.threads() if t is not current]
+    for thread in left:
         join_started(thread, max(0.0, deadline - time.monotonic()))
-    if stuck := [t.name for t in mine if t.is_alive()]:
+    if stuck := [t.name for t in left if t.is_alive()]:
         logger.warning(
-            "gpu_loader: %d thread(s) still running at exit after %.0f s more: %s; one "
-            "inside a C++ call (a torch op, a decoder) may abort the process as Python "
-            "finalizes",
+            "gpu_loader: %d thread(s) still running at exit: %s; one inside a C++ call (a "
+            "torch op, a decoder) may abort the process as Python finalizes",
             len(stuck),
-            JOIN_TIMEOUT_S,
             ", ".join(stuck),
         )
 
 
+# `weakref.finalize` registers its own exit hook at its first use, which the pipelines'
+# finalizers run from: registered before this one, it runs after it, so the epochs are
+# closed (with their reason) before their pipelines are (QA: imported before torch, a
+# prefetching thread got the batcher's errors in 4 exits of 24).
+weakref.finalize(_close_at_exit, lambda: None).detach()
 atexit.register(_close_at_exit)
 
 
@@ -939,6 +939,10 @@ class EpochBase:
         """Stop and join this epoch's threads."""
         raise NotImplementedError
 
+    def threads(self) -> list[threading.Thread]:
+        """This epoch's threads still alive (its pipelines' and the path's own)."""
+        raise NotImplementedError
+
     def close(self, reason: str | None = None) -> None:
         """Stop the pipelines. ``reason`` (why, for a training loop still holding this
         epoch's iterator) makes that iterator raise it instead of ending quietly."""
@@ -1468,6 +1472,10 @@ class CpuEpoch(EpochBase):
         if self.former is not None:
             # The pipeline is closed, so its stream ends and the thread returns at once.
             join_started(self.former)
+
+    def threads(self) -> list[threading.Thread]:
+        former = [self.former] if self.former is not None and self.former.is_alive() else []
+        return self.pipeline.threads + former
 
 
 class _Empty:

@@ -243,6 +243,9 @@ class GpuEpoch(EpochBase):
             stages, top.name, f"busiest stage: workers busy {top.busy_fraction:.0%} of the time"
         )
 
+    def threads(self) -> list[threading.Thread]:
+        return self.fetch_pipeline.threads + self.decode_pipeline.threads
+
     def shutdown(self) -> None:
         # The fetch pipeline first: the decode pipeline's source thread iterates it.
         self.fetch_pipeline.close(self.join_s)

@@ -349,6 +349,25 @@ batches.get()
     ), result.stdout
 
 
+def test_the_exit_hook_waits_only_for_the_loaders_own_epochs() -> None:
+    # It waited 10 s for any thread named gpu_loader-*: a program's own running Pipeline,
+    # which its finalizer stops a moment later, made every exit 10 s slower (QA).
+    script = """
+import torch  # its weakref.finalize: the pipelines' finalizers now run after the hook
+from gpu_loader.pipeline import PipelineBuilder
+import gpu_loader._epoch  # the epochs, and with them the exit hook
+pipeline = PipelineBuilder().add_source(range(10_000)).pipe(abs).add_sink(2).build()
+pipeline.start()
+it = iter(pipeline)
+print(next(it))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "0", result.stderr
+    assert "still running at exit" not in result.stderr, result.stderr
+
+
 def test_a_forked_child_leaving_does_not_close_its_parents_epoch(
     photo_dir: Path, tmp_path: Path
 ) -> None:
