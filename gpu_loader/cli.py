@@ -266,7 +266,8 @@ def _in_cli_terms(message: str) -> str:
     """ImageFolder's hint names its own arguments, which the commands do not have."""
     return message.replace(
         "(pass extensions=... to change them, or allow_empty=True to keep empty classes)",
-        "(remove the empty class folders, or list the files in a CSV: path,label)",
+        "(convert or rename the files, remove class folders that hold no images, or list "
+        "the files in a CSV: path,label)",
     )
 
 

@@ -271,10 +271,11 @@ def format_bad_files(index: SampleIndex, bad: dict[int, str], sampled: int, limi
     verdict = (
         "the loader skips and reports them, up to its max_failures (default 1%)"
         if share <= 0.01
-        else "more than the loader's default max_failures of 1%: an epoch would stop; "
-        "clean the data (gpu-loader verify) or raise max_failures"
+        else "more than the loader's default max_failures of 1%: an epoch would likely "
+        "stop; clean the data (gpu-loader verify) or raise max_failures"
     )
-    lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {share:.1%}; {verdict}):"]
+    shown = "<0.1%" if share < 0.001 else f"{share:.1%}"
+    lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {shown}; {verdict}):"]
     for i in sorted(bad)[:limit]:
         lines.append(f"  {index.key(i)}: {bad[i]}")
     if len(bad) > limit:

@@ -474,6 +474,8 @@ def _decode_pillow(
         # Pillow names the file object it was given: "<_io.BytesIO object at 0x7f...>".
         said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc))
         raise _fail(key, f"corrupt, truncated or unsupported image ({said})") from None
+    except MemoryError:
+        raise  # the machine, not the file
     except Exception as exc:
         # A plugin tripped over a hostile field: a TIFF tag of the wrong type raised a
         # bare TypeError (QA: "'str' object cannot be interpreted as an integer").

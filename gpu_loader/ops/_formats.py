@@ -48,6 +48,9 @@ def header_size(data: bytes | memoryview, fmt: Format) -> tuple[int, int] | None
             w, h = struct.unpack("<HH", bytes(data[6:10]))
             return h, w
         if fmt == "bmp":
+            if int.from_bytes(bytes(data[14:18]), "little") == 12:  # OS/2 1.x: 16-bit sides
+                w, h = struct.unpack("<HH", bytes(data[18:22]))
+                return h, w
             w, h = struct.unpack("<ii", bytes(data[18:26]))
             return abs(h), abs(w)  # negative height means top-down rows
         if fmt == "webp":
@@ -257,9 +260,15 @@ def bmp_damage(data: bytes | memoryview) -> str | None:
         return None
     if compression not in _BMP_COMPRESSIONS:  # OpenCV prints a failed assertion for it
         return f"its header names compression {compression}, which BMP does not define"
-    if offset < 14 + header:
+    # The colour masks that follow a version 3 header for these compressions.
+    masks = {3: 12, 6: 16}.get(compression, 0) if header == 40 else 0
+    if 0 < offset < 14 + header + masks:
         # OpenCV read the rows from inside the headers: every row shifted, no error (QA).
-        return f"its pixel data offset {offset} points inside its headers ({14 + header} bytes)"
+        # Offset 0 (unset) goes to Pillow, which reads the rows after the palette.
+        return (
+            f"its pixel data offset {offset} points inside its headers "
+            f"({14 + header + masks} bytes)"
+        )
     if compression not in (0, 3, 6) or bits not in (1, 4, 8, 16, 24, 32) or width <= 0:
         return None  # RLE or embedded JPEG/PNG rows: their length is not known up front
     rows = -(-width * bits // 32) * 4
@@ -281,6 +290,8 @@ def bmp_for_opencv(data: bytes | memoryview) -> bool:
     JPEG/PNG rows, CMYK compressions, 300 palette entries and an unknown header size)."""
     view = memoryview(data)
     header = int.from_bytes(view[14:18], "little") if len(view) >= 18 else 0
+    if len(view) >= 14 and int.from_bytes(view[10:14], "little") == 0:
+        return False  # no pixel data offset: Pillow takes the rows after the palette
     if header == 12:
         return True
     if header not in _BMP_HEADERS or header < 40 or len(view) < 50:

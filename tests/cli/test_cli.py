@@ -297,7 +297,7 @@ def test_empty_folder_is_a_clear_error(tmp_path: Path) -> None:
     (empty / "dogs" / "a.jpg").write_bytes(b"x")
     result = run("verify", "--data", str(empty), cache=tmp_path)
     assert result.returncode == 2 and "no image files for the classes cats" in result.stderr
-    assert "remove the empty class folders, or list the files in a CSV" in result.stderr
+    assert "remove class folders that hold no images, or list the files in a CSV" in result.stderr
     assert "allow_empty" not in result.stderr
 
 

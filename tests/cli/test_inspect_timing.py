@@ -126,6 +126,18 @@ def test_the_report_names_the_slower_stage_as_the_bottleneck(tmp_path: Path) -> 
     assert "bottleneck: read" in insp.format_report(index, 1, 2, read, decode, 40.0)
 
 
+def test_the_bad_file_share_says_what_the_default_limit_would_do(tmp_path: Path) -> None:
+    from gpu_loader.sources import FileList
+
+    index = FileList([(str(tmp_path / f"{i}.jpg"), 0) for i in range(6)])
+    few = insp.format_bad_files(index, {5: "decode: DecodeError: x"}, 3000)
+    assert "(1 of 3000 sampled, <0.1%; the loader skips and reports them" in few  # not 0.0%
+    assert f"{tmp_path / '5.jpg'}: decode: DecodeError: x" in few
+    many = insp.format_bad_files(index, {1: "e", 2: "e"}, 8)
+    assert "(2 of 8 sampled, 25.0%; more than the loader's default max_failures" in many
+    assert insp.format_bad_files(index, {}, 8) == ""
+
+
 def test_verify_lists_bad_files_in_source_order_whatever_failed_first(tmp_path: Path) -> None:
     # A decode failure at the front is recorded after the quick read failures behind it.
     import io

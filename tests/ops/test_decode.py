@@ -370,14 +370,56 @@ def test_a_bmp_with_an_undefined_compression_is_named_without_decoder_noise(
 
 
 def test_a_bmp_whose_rows_start_inside_its_headers_is_refused(image: np.ndarray) -> None:
-    # OpenCV read the rows from byte 0: every one shifted, decoded without an error (QA).
+    # OpenCV read the rows from inside the headers: every one shifted, no error (QA).
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, "BMP")
     data = bytearray(buf.getvalue())
-    for offset in (0, 14, 53):  # the headers end at 54
+    for offset in (14, 53):  # the headers end at 54
         struct.pack_into("<I", data, 10, offset)
         with pytest.raises(DecodeError, match=f"pixel data offset {offset} points inside"):
             decode(bytes(data), key="shifted.bmp")
+    # Unset (0): Pillow reads the rows right after the headers, as the file means.
+    struct.pack_into("<I", data, 10, 0)
+    np.testing.assert_array_equal(decode(bytes(data)).array, image)
+    # BITFIELDS: the three colour masks after a version 3 header are no pixels either.
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "BMP")
+    masked = bmp_with_bitfields(buf.getvalue())
+    np.testing.assert_array_equal(decode(masked).array, image)
+    for offset in (54, 65):  # the masks take bytes 54-65
+        cut = bytearray(masked)
+        struct.pack_into("<I", cut, 10, offset)
+        with pytest.raises(DecodeError, match=f"pixel data offset {offset} points inside"):
+            decode(bytes(cut), key="shifted.bmp")
+
+
+def bmp_with_bitfields(data: bytes) -> bytes:
+    """A 24-bit BMP rewritten as 32-bit BI_BITFIELDS (masks after the 40-byte header)."""
+    width, height = struct.unpack("<ii", data[18:26])
+    stride = -(-width * 24 // 32) * 4
+    rows = b"".join(
+        b"".join(
+            data[54 + r * stride + 3 * x : 54 + r * stride + 3 * x + 3] + b"\x00"
+            for x in range(width)
+        )
+        for r in range(height)
+    )
+    masks = struct.pack("<III", 0x00FF0000, 0x0000FF00, 0x000000FF)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 32, 3, len(rows), 0, 0, 0, 0)
+    offset = 14 + 40 + len(masks)
+    head = b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset)
+    return head + info + masks + rows
+
+
+def test_an_os2_core_bmp_decodes_by_its_16_bit_sides() -> None:
+    # Its header holds the sides as 16-bit fields: read as 32-bit, they made a
+    # 1,572,865 x 851,985 image that max_pixels refused (QA).
+    rgb = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3) * 3
+    stride = -(-7 * 3 // 4) * 4
+    rows = b"".join(rgb[r, :, ::-1].tobytes().ljust(stride, b"\x00") for r in range(4, -1, -1))
+    core = struct.pack("<IHHHH", 12, 7, 5, 1, 24)
+    data = b"BM" + struct.pack("<IHHI", 26 + len(rows), 0, 0, 26) + core + rows
+    np.testing.assert_array_equal(decode(data, key="os2.bmp").array, rgb)
 
 
 @pytest.mark.parametrize(
@@ -402,7 +444,7 @@ def test_bmp_layouts_opencv_asserts_on_go_to_pillow_quietly(
 
 
 def test_a_pillow_plugin_tripping_over_a_hostile_field_is_a_decode_error(
-    image: np.ndarray,
+    image: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A TIFF whose StripOffsets tag claims type ASCII: Pillow raised a bare TypeError,
     # which named no file and escaped callers that catch DecodeError (QA).
@@ -414,6 +456,15 @@ def test_a_pillow_plugin_tripping_over_a_hostile_field_is_a_decode_error(
             data[entry + 2 : entry + 4] = struct.pack("<H", 2)
     with pytest.raises(DecodeError, match=r"'odd\.tif'.*TypeError in Pillow"):
         decode(bytes(data), key="odd.tif")
+    # Running out of memory says nothing of the file: it is not called corrupt.
+    from PIL import ImageFile
+
+    def no_memory(self: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_memory)
+    with pytest.raises(MemoryError):
+        decode(tiff(image), key="big.tif")
 
 
 def test_a_bmp_bomb_is_a_bomb_before_it_is_cut_short() -> None:
