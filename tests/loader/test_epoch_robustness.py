@@ -368,6 +368,43 @@ print(next(it))
     assert "still running at exit" not in result.stderr, result.stderr
 
 
+def test_the_exit_wait_is_one_deadline_for_every_stuck_epoch(photo_dir: Path) -> None:
+    # Each epoch's close joined for its own timeout, one after another: two stuck epochs
+    # held the exit 23 s (QA). With the timeout at 1 s, four must not take 4 s.
+    files = [str(p) for p in sorted(photo_dir.rglob("*.jpg"))[:8]] * 8
+    script = f"""
+import threading, time
+import gpu_loader as gl
+import gpu_loader._epoch as epochs
+epochs.JOIN_TIMEOUT_S = 1.0  # the exit hook's deadline and each epoch's join
+stuck, inside = threading.Event(), set()
+def augment(image, generator):  # each epoch's decode thread stays busy, then is stuck
+    time.sleep(0.1)
+    if stuck.is_set():
+        inside.add(threading.current_thread().name)
+        time.sleep(3600)  # an op that never returns
+    return image
+iterators = []
+for _ in range(4):
+    loader = gl.ImageLoader(gl.sources.FileList([(f, 0) for f in {files!r}]), batch_size=2,
+                            transform=gl.ops.TrainTransform(size=32), augment=augment,
+                            options=gl.LoaderOptions(decode_threads=1))
+    iterators.append(iter(loader))
+    next(iterators[-1])
+stuck.set()
+time.sleep(0.5)
+assert len(inside) == 4, inside  # every epoch's decode thread is in the op
+print(time.monotonic(), flush=True)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    ended = time.monotonic()
+    assert result.returncode == 0, result.stderr
+    assert ended - float(result.stdout.split()[-1]) < 3.5, result.stderr  # 4.5 s before
+    assert "still running at exit" in result.stderr  # and the threads left are named
+
+
 def test_a_forked_child_leaving_does_not_close_its_parents_epoch(
     photo_dir: Path, tmp_path: Path
 ) -> None:
