@@ -274,7 +274,8 @@ def format_bad_files(index: SampleIndex, bad: dict[int, str], sampled: int, limi
         else "more than the loader's default max_failures of 1%: an epoch would likely "
         "stop; clean the data (gpu-loader verify) or raise max_failures"
     )
-    shown = "<0.1%" if share < 0.001 else f"{share:.1%}"
+    # Two decimals under 10%: 101 bad in 10,000 is "1.01%", not a "1.0%" said to be over 1%.
+    shown = "<0.1%" if share < 0.001 else f"{share:.2%}" if share < 0.1 else f"{share:.1%}"
     lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {shown}; {verdict}):"]
     for i in sorted(bad)[:limit]:
         lines.append(f"  {index.key(i)}: {bad[i]}")

@@ -284,10 +284,11 @@ _BMP_HEADERS = (12, 40, 52, 56, 16, 64, 108, 124)
 
 
 def bmp_for_opencv(data: bytes | memoryview) -> bool:
-    """Whether OpenCV decodes this BMP without printing to stderr: plain or RLE rows under
-    a known header, and a palette no longer than its bit depth allows. Otherwise Pillow
-    decodes or refuses it, quietly (QA: OpenCV printed a failed assertion for embedded
-    JPEG/PNG rows, CMYK compressions, 300 palette entries and an unknown header size)."""
+    """Whether OpenCV decodes this BMP without printing to stderr and as Pillow would:
+    plain or RLE rows under a known header, a palette no longer than its bit depth allows,
+    and not 16 bits a pixel. Otherwise Pillow decodes or refuses it, quietly (QA: OpenCV
+    printed a failed assertion for embedded JPEG/PNG rows, CMYK compressions, 300 palette
+    entries and an unknown header size, and its 16-bit pixels were up to 7 levels off)."""
     view = memoryview(data)
     header = int.from_bytes(view[14:18], "little") if len(view) >= 18 else 0
     if len(view) >= 14 and int.from_bytes(view[10:14], "little") == 0:
@@ -298,6 +299,8 @@ def bmp_for_opencv(data: bytes | memoryview) -> bool:
         return False
     bits, compression = struct.unpack("<HI", view[28:34])
     (colours,) = struct.unpack("<I", view[46:50])
+    if bits == 16:
+        return False  # OpenCV widens 5 bits by a shift (31 -> 248), Pillow to 255 (QA)
     return compression in (0, 1, 2, 3, 6) and (bits > 8 or colours <= 1 << bits)
 
 

@@ -136,6 +136,8 @@ def test_the_bad_file_share_says_what_the_default_limit_would_do(tmp_path: Path)
     many = insp.format_bad_files(index, {1: "e", 2: "e"}, 8)
     assert "(2 of 8 sampled, 25.0%; more than the loader's default max_failures" in many
     assert insp.format_bad_files(index, {}, 8) == ""
+    edge = insp.format_bad_files(index, dict.fromkeys(range(6), "e"), 594)
+    assert "(6 of 594 sampled, 1.01%; more than" in edge  # not "1.0%; more than ... 1%"
 
 
 def test_verify_lists_bad_files_in_source_order_whatever_failed_first(tmp_path: Path) -> None:

@@ -411,6 +411,22 @@ def bmp_with_bitfields(data: bytes) -> bytes:
     return head + info + masks + rows
 
 
+def test_a_16_bit_bmp_decodes_as_pillow_widens_it() -> None:
+    # OpenCV widened each 5-bit channel by a shift (31 -> 248), Pillow to the full range
+    # (31 -> 255): up to 7 levels apart (QA).
+    rgb = (np.arange(6 * 9 * 3).reshape(6, 9, 3) * 5 % 256).astype(np.uint8)
+    stride = -(-9 * 16 // 32) * 4
+    rows = []
+    for r in range(5, -1, -1):
+        packed = [(int(p[0]) >> 3) << 10 | (int(p[1]) >> 3) << 5 | int(p[2]) >> 3 for p in rgb[r]]
+        rows.append(struct.pack("<9H", *packed).ljust(stride, b"\x00"))
+    pixels = b"".join(rows)
+    info = struct.pack("<IiiHHIIiiII", 40, 9, 6, 1, 16, 0, len(pixels), 0, 0, 0, 0)
+    data = b"BM" + struct.pack("<IHHI", 54 + len(pixels), 0, 0, 54) + info + pixels
+    np.testing.assert_array_equal(decode(data, key="555.bmp").array, pillow_rgb(data))
+    assert decode(data).array.max() == 255  # a full 5-bit channel comes out white
+
+
 def test_an_os2_core_bmp_decodes_by_its_16_bit_sides() -> None:
     # Its header holds the sides as 16-bit fields: read as 32-bit, they made a
     # 1,572,865 x 851,985 image that max_pixels refused (QA).

@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -52,7 +53,18 @@ def cases() -> list[bytes]:
     out.append(buf.getvalue())
     grey = photo_like(150, 170, np.random.default_rng(10)).mean(axis=2, keepdims=True)
     out.append(bytes(simplejpeg.encode_jpeg(grey.astype(np.uint8), quality=90, colorspace="GRAY")))
+    out.append(with_exif(out[3]))
     return out
+
+
+def with_exif(jpeg: bytes) -> bytes:
+    """``jpeg`` with an Exif block whose Orientation holds three SHORTs stored out of line,
+    ending exactly where the block does: every cut of the header reads toward that edge."""
+    entries = struct.pack("<HHII", 0x010F, 2, 8, 38) + struct.pack("<HHII", 0x0112, 3, 3, 46)
+    tiff = b"II*\x00" + struct.pack("<IH", 8, 2) + entries + b"\x00" * 4  # 38 bytes
+    tiff += b"Make\x00\x00\x00\x00" + struct.pack("<HHH", 6, 1, 1)
+    segment = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + jpeg[2:]
 
 
 @pytest.mark.slow
