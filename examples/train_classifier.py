@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 import gpu_loader as gl
-from gpu_loader.datasets import make_image_folder
 
 
 class SmallNet(nn.Module):
@@ -92,23 +91,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.data is None:
-        from gpu_loader.cli import cache_dir
+        from gpu_loader.cli import CliError, cached_dataset
 
         try:
-            args.data = make_image_folder(
-                cache_dir() / f"train-example-{args.num_images}-{args.classes}",
+            args.data = cached_dataset(
+                f"train-example-{args.num_images}-{args.classes}",
+                "example",
                 num_images=args.num_images,
                 num_classes=args.classes,
                 seed=args.seed,
                 min_side=96,
                 max_side=320,
-                progress=True,
             )
-        except OSError as exc:
-            raise SystemExit(
-                f"cannot write the example dataset into the cache folder {cache_dir()} "
-                f"({exc}); set GPU_LOADER_CACHE to a writable folder, or pass --data"
-            ) from None
+        except CliError as exc:
+            raise SystemExit(str(exc)) from None
     try:
         source = gl.sources.ImageFolder(args.data)
         loader = gl.ImageLoader(

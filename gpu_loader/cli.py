@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import gpu_loader
 from gpu_loader._resources import cache_root
@@ -283,21 +283,36 @@ def _check_backend() -> None:
         raise CliError(str(exc)) from None
 
 
-def demo_dataset(num_images: int) -> Path:
-    """The built-in dataset, generated once into the cache folder."""
+def _check_output_paths(*paths: Path | None) -> None:
+    """Each file a command will write (None: not asked for) can be: not a folder, and
+    in a folder that exists."""
+    for path in paths:
+        if path is not None and path.is_dir():
+            raise CliError(f"{path}: is a folder; give a file path")
+        if path is not None and not path.parent.is_dir():
+            raise CliError(f"{path}: folder {path.parent} does not exist")
+
+
+def cached_dataset(name: str, what: str, **params: Any) -> Path:
+    """``make_image_folder(cache_dir() / name, **params)`` (generated once, then reused);
+    a cache folder that cannot be written is a `CliError` saying how to choose another.
+    ``what`` names the dataset in that message (also used by the training example)."""
     from gpu_loader.datasets import make_image_folder
 
-    target = cache_dir() / f"demo-photos-{num_images}"
-    print(f"dataset: {target}", file=sys.stderr)
     try:
-        return make_image_folder(
-            target, num_images=num_images, num_classes=10, seed=0, progress=True
-        )
+        return make_image_folder(cache_dir() / name, progress=True, **params)
     except OSError as exc:
         raise CliError(
-            f"cannot write the demo dataset into the cache folder {cache_dir()} ({exc}); "
+            f"cannot write the {what} dataset into the cache folder {cache_dir()} ({exc}); "
             "set GPU_LOADER_CACHE to a writable folder, or pass --data"
         ) from None
+
+
+def demo_dataset(num_images: int) -> Path:
+    """The built-in dataset, generated once into the cache folder."""
+    name = f"demo-photos-{num_images}"
+    print(f"dataset: {cache_dir() / name}", file=sys.stderr)
+    return cached_dataset(name, "demo", num_images=num_images, num_classes=10, seed=0)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -315,11 +330,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
     if args.step_ms < 0:
         raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
-    for path in (args.json, args.log_jsonl):  # before the run, which these would outlive
-        if path is not None and not path.parent.is_dir():
-            raise CliError(f"{path}: folder {path.parent} does not exist")
-        if path is not None and path.is_dir():
-            raise CliError(f"{path}: is a folder; give a file path")
+    _check_output_paths(args.json, args.log_jsonl)  # before the run, which they outlive
     try:  # before the demo dataset is made: that takes a while
         _resolve_device(device)
     except (ValueError, RuntimeError) as exc:
@@ -432,11 +443,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         _positive("threads", args.threads)
-    for path in (args.good_list, args.json):  # before the run, not after it
-        if path is not None and path.is_dir():
-            raise CliError(f"{path}: is a folder; give a file path")
-        if path is not None and not path.parent.is_dir():
-            raise CliError(f"{path}: folder {path.parent} does not exist")
+    _check_output_paths(args.good_list, args.json)  # before the run, not after it
     _check_backend()
     index = _open_data(args.data)
     if args.good_list is not None and isinstance(index, gpu_loader.sources.TarShards):
