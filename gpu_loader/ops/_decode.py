@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from gpu_loader.ops._formats import (
     webp_damage,
 )
 from gpu_loader.ops._transforms import CropParams
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PilImage
 
 # Pillow's own default (Image.MAX_IMAGE_PIXELS): ~89.5 Mpx, a 0.25 GiB RGBA image.
 DEFAULT_MAX_PIXELS = 89_478_485
@@ -456,16 +460,16 @@ def _decode_pillow(
     size `probe_size` gave from it), applied in place of Pillow's `exif_transpose`, which
     also reads an XMP ``tiff:Orientation`` (QA: a CMYK JPEG with one came out turned, and
     its crop no longer fit). None: Pillow's ``exif_transpose`` when ``exif``."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with _pillow_limit_lifted(header_pixels), Image.open(io.BytesIO(buf)) as im:
             _check_pixels(key, im.height, im.width, max_pixels)
             im.load()
-            if orientation is not None:
+            if orientation is not None or not exif:
                 rgb = im.convert("RGBX")
             else:
-                rgb = (ImageOps.exif_transpose(im) if exif else im).convert("RGBX")
+                rgb = _exif_transposed(im).convert("RGBX")
     except DecodeError:
         raise
     except Image.DecompressionBombError as exc:
@@ -486,6 +490,21 @@ def _decode_pillow(
     if orientation is not None and orientation != 1:
         rgbx = np.ascontiguousarray(apply_orientation(rgbx, orientation))
     return DecodedImage(array=rgbx[:, :, :3], scale=1.0, rgbx=rgbx)
+
+
+def _exif_transposed(im: PilImage) -> PilImage:
+    """Pillow's ``exif_transpose`` of a loaded image, or the image as stored when its EXIF
+    block cannot be read. A damaged metadata block turns nothing, as the JPEG header walk
+    (orientation 1 when unreadable) and OpenCV do: it must not lose the pixels (QA: a PNG
+    whose eXIf chunk lacked the TIFF magic failed as a corrupt image on this path only)."""
+    from PIL import ImageOps
+
+    try:
+        return ImageOps.exif_transpose(im)
+    except MemoryError:
+        raise
+    except Exception:  # SyntaxError "not a TIFF file", struct.error on a cut block, ...
+        return im
 
 
 _lift_lock = threading.Lock()

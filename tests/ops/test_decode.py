@@ -149,11 +149,15 @@ def test_a_cut_netpbm_file_is_refused_even_when_pillow_would_pad_it(
         decode(bitmap[:-1], key="cut.pbm")
 
 
-def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:
+def exif_block(orientation: int) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def exif_jpeg(image: np.ndarray, orientation: int) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(image).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    Image.fromarray(image).save(buf, "JPEG", quality=95, exif=exif_block(orientation))
     return buf.getvalue()
 
 
@@ -193,6 +197,40 @@ def test_exif_orientation_matches_pillow(image: np.ndarray, orientation: int) ->
     out = decode(data, key="exif").array
     assert out.shape == expected.shape
     assert np.abs(out.astype(int) - expected).mean() < 0.5
+
+
+def with_exif(image: np.ndarray, fmt: str, block: bytes) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(
+        buf, fmt, exif=block, **({"lossless": True} if fmt == "WEBP" else {})
+    )
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+@pytest.mark.parametrize(
+    "block",
+    [b"not a tiff block at all", b"II\x2b\x00\x08\x00\x00\x00" + bytes(8), b"MM"],
+    ids=["no-magic", "cut-bigtiff", "two-bytes"],
+)
+def test_a_damaged_exif_block_keeps_the_pixels_on_the_pillow_path(
+    image: np.ndarray, fmt: str, block: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pillow's exif_transpose raises on these blocks; the pixels are fine, and the JPEG walk
+    # and OpenCV read such a block as no orientation. The Pillow path (a BMP layout OpenCV
+    # cannot read, an OpenCV build without the codec) failed the file as corrupt.
+    import cv2
+
+    data = with_exif(image, fmt, block)
+    with Image.open(io.BytesIO(data)) as im, pytest.raises((SyntaxError, struct.error)):
+        ImageOps.exif_transpose(im)  # the premise: Pillow itself refuses the block
+    expected = decode(data, key="opencv").array  # OpenCV: stored pixels, nothing turned
+    assert expected.shape == image.shape
+    monkeypatch.setattr(cv2, "imdecode", lambda *args: None)  # a build lacking the codec
+    out = decode(data, key="pillow").array
+    assert np.array_equal(out, expected)
+    turned = with_exif(image, fmt, exif_block(6))
+    assert decode(turned, key="pillow").array.shape == (128, 96, 3)  # a good block still turns
 
 
 def test_probe_size_is_none_for_non_jpeg(image: np.ndarray) -> None:
