@@ -462,46 +462,79 @@ def _header_result(
 
 
 def _tiff_orientation(tiff: bytes) -> int:
-    if tiff[:2] == b"II":
+    """The orientation Pillow's ``exif_transpose`` applies for an APP1 Exif block (the bytes
+    after its ``Exif\\0\\0``): 1 when it has none, or one it cannot read or use.
+
+    Mirrors ``Image.Exif.load`` and ``ImageFileDirectory_v2.load`` (Pillow 13), so a
+    malformed block turns a JPEG as Pillow would (QA: a later Orientation entry after one of
+    an unknown type, a doubled prefix, a RATIONAL 6/1 each turned nothing here): a doubled
+    ``Exif\\0\\0`` prefix is dropped; the header must carry TIFF's magic (as Pillow
+    tests it); entries of unknown types, with no values, repeating a tag already read,
+    or past the running out-of-line budget (the block's size) are skipped; an entry cut
+    short, or out-of-line values running past the block, end the walk. The first
+    Orientation entry read decides: any number equal to an integer 1-8 (an integer type,
+    FLOAT, DOUBLE, RATIONAL), the first of several. The native ``jpeg_header`` walks the
+    same rules in C (tests compare both with Pillow on fuzzed blocks).
+    """
+    if tiff[:6] == b"Exif\x00\x00":
+        tiff = tiff[6:]
+    if tiff[:4] in (b"II*\x00", b"II\x00*"):
         order = "<"
-    elif tiff[:2] == b"MM":
-        order = ">"
+    elif tiff[:4] in (b"MM\x00*", b"MM*\x00", b"MM\x00+"):  # Pillow misses big-endian
+        order = ">"  # BigTIFF (it tests the third byte), and reads it as a classic TIFF
     else:
+        return 1  # no TIFF header, or little-endian BigTIFF (whose IFD offset it cannot read)
+    end = len(tiff)
+    if end < 8:
         return 1
-    try:
-        (ifd,) = struct.unpack(order + "I", tiff[4:8])
-        (count,) = struct.unpack(order + "H", tiff[ifd : ifd + 2])
-        for i in range(count):
-            entry = ifd + 2 + 12 * i
-            tag, typ, n = struct.unpack(order + "HHI", tiff[entry : entry + 8])
-            if tag != 0x0112:
+    (ifd,) = struct.unpack(order + "I", tiff[4:8])
+    if ifd + 2 > end:
+        return 1
+    (count,) = struct.unpack(order + "H", tiff[ifd : ifd + 2])
+    read: set[int] = set()  # tags already read: a repeat is skipped
+    budget = 0  # out-of-line bytes so far, skipped entries' included
+    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
+        if entry + 12 > end:
+            return 1
+        tag, typ, n = struct.unpack(order + "HHI", tiff[entry : entry + 8])
+        unit = _TIFF_UNITS.get(typ)
+        if tag in read or unit is None:
+            continue
+        size, at = n * unit, entry + 8
+        if size > 4:
+            (at,) = struct.unpack(order + "I", tiff[entry + 8 : entry + 12])
+            budget += size
+            if budget > end:
                 continue
-            # Orientation is a SHORT, but Pillow's exif_transpose (which the CMYK JPEGs
-            # decode through) takes any integer: read it as Pillow does, or the crop
-            # drawn on this size would not fit the image decoded (QA: LONG, a 200x60
-            # image probed as 60x200). Of several values Pillow takes the first, from
-            # wherever the entry points when they do not fit in it, and none when they
-            # run past the block (QA: a count of 2 turned nothing here).
-            fmt = _ORIENTATION_TYPES.get(typ)
-            if fmt is None or n == 0:
-                return 1
-            size = struct.calcsize(fmt)
-            at = entry + 8
-            if n * size > 4:
-                (at,) = struct.unpack(order + "I", tiff[entry + 8 : entry + 12])
-                if at + n * size > len(tiff):
-                    return 1
-            (value,) = struct.unpack(order + fmt, tiff[at : at + size])
-            return value if 1 <= value <= 8 else 1
-    except struct.error:
-        return 1
+            if at + size > end:
+                return 1  # a short read ends Pillow's walk
+        if size == 0:
+            continue
+        if tag == 0x0112:
+            return _tiff_orientation_value(tiff, at, typ, order)
+        read.add(tag)
     return 1
 
 
-# TIFF field types Pillow reads as one integer -> struct format: SHORT, LONG, SBYTE,
-# SSHORT, SLONG (a BYTE comes out as bytes there, and turns nothing). The value sits at
-# the start of the entry's 4-byte value field.
-_ORIENTATION_TYPES = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i"}
+# TIFF field types Pillow reads as numbers -> struct format; and every type it reads ->
+# bytes per value (BYTE, ASCII and UNDEFINED come out as bytes or text, and turn nothing).
+_TIFF_NUMBERS = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 11: "f", 12: "d", 13: "I", 16: "Q"}
+_TIFF_UNITS = {1: 1, 2: 1, 7: 1, 5: 8, 10: 8} | {
+    typ: struct.calcsize("<" + fmt) for typ, fmt in _TIFF_NUMBERS.items()
+}
+
+
+def _tiff_orientation_value(tiff: bytes, at: int, typ: int, order: str) -> int:
+    """The orientation a field's first value gives: 1 unless it is a number (NaN is not)
+    equal to an integer 1-8."""
+    if typ in (5, 10):  # RATIONAL, SRATIONAL: NaN for a zero denominator
+        num, den = struct.unpack(order + ("II" if typ == 5 else "ii"), tiff[at : at + 8])
+        value: float = num // den if den and num % den == 0 else 0
+    elif (fmt := _TIFF_NUMBERS.get(typ)) is not None:
+        (value,) = struct.unpack(order + fmt, tiff[at : at + struct.calcsize(order + fmt)])
+    else:
+        return 1
+    return int(value) if value in range(1, 9) else 1
 
 
 def orientation_swaps_axes(orientation: int) -> bool:

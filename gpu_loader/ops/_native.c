@@ -859,63 +859,109 @@ static PyObject *py_philox_words(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------------------- JPEG header */
 
-/* _formats._tiff_orientation: the EXIF orientation (1-8) in a TIFF block, 1 when absent,
-   out of range or unreadable. Offsets are 64-bit so no IFD offset can wrap. */
+/* _formats._tiff_orientation, rule for rule: the orientation Pillow's exif_transpose applies
+   for an APP1 Exif block (the bytes after its "Exif\0\0"), 1 when it has none or one it
+   cannot read or use. Offsets are 64-bit so no IFD offset or value size can wrap. */
+static uint64_t tiff_u32(const uint8_t *p, int little) {
+    return little ? ((uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 |
+                     (uint64_t)p[3] << 24)
+                  : ((uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 | (uint64_t)p[2] << 8 |
+                     (uint64_t)p[3]);
+}
+
+static unsigned tiff_u16(const uint8_t *p, int little) {
+    return little ? (unsigned)(p[0] | p[1] << 8) : (unsigned)(p[0] << 8 | p[1]);
+}
+
+/* Bytes per value of the TIFF field types Pillow reads (_formats._TIFF_UNITS), 0 for others. */
+static uint64_t tiff_unit(unsigned type) {
+    switch (type) {
+    case 1: case 2: case 6: case 7: return 1;
+    case 3: case 8: return 2;
+    case 4: case 9: case 11: case 13: return 4;
+    case 5: case 10: case 12: case 16: return 8;
+    default: return 0;
+    }
+}
+
+/* The orientation a field's first value gives (_formats._tiff_number), 1 when it is not a
+   number equal to an integer 1-8. */
+static int tiff_orientation_value(const uint8_t *v, unsigned type, int little) {
+    double value;
+    switch (type) {
+    case 3: value = tiff_u16(v, little); break;
+    case 8: value = (int16_t)tiff_u16(v, little); break;
+    case 6: value = (int8_t)v[0]; break;
+    case 4: case 13: value = (double)tiff_u32(v, little); break;
+    case 9: value = (int32_t)(uint32_t)tiff_u32(v, little); break;
+    case 16: { /* LONG8: any value outside 1-8 turns nothing, so the high word decides */
+        const uint64_t hi = tiff_u32(little ? v + 4 : v, little);
+        const uint64_t lo = tiff_u32(little ? v : v + 4, little);
+        value = hi ? 0 : (double)lo;
+        break;
+    }
+    case 11: {
+        const uint32_t bits = (uint32_t)tiff_u32(v, little);
+        float f;
+        memcpy(&f, &bits, 4);
+        value = f;
+        break;
+    }
+    case 12: {
+        const uint64_t bits = little ? tiff_u32(v, 1) | tiff_u32(v + 4, 1) << 32
+                                     : tiff_u32(v, 0) << 32 | tiff_u32(v + 4, 0);
+        memcpy(&value, &bits, 8);
+        break;
+    }
+    case 5: case 10: { /* RATIONAL, SRATIONAL: a whole quotient, none for a zero denominator */
+        const uint32_t un = (uint32_t)tiff_u32(v, little), ud = (uint32_t)tiff_u32(v + 4, little);
+        const int64_t num = type == 5 ? (int64_t)un : (int64_t)(int32_t)un;
+        const int64_t den = type == 5 ? (int64_t)ud : (int64_t)(int32_t)ud;
+        if (den == 0 || num % den != 0) return 1;
+        value = (double)(num / den);
+        break;
+    }
+    default: return 1; /* BYTE, ASCII, UNDEFINED: bytes or text in Pillow */
+    }
+    return value >= 1 && value <= 8 && value == (double)(int)value ? (int)value : 1;
+}
+
 static int tiff_orientation(const uint8_t *t, uint64_t n) {
-    int little;
-    if (n >= 2 && t[0] == 'I' && t[1] == 'I') little = 1;
-    else if (n >= 2 && t[0] == 'M' && t[1] == 'M') little = 0;
-    else return 1;
-#define U16(p) (little ? (unsigned)((p)[0] | (p)[1] << 8) : (unsigned)((p)[0] << 8 | (p)[1]))
+    if (n >= 6 && memcmp(t, "Exif\0", 6) == 0) { /* a doubled prefix */
+        t += 6;
+        n -= 6;
+    }
     if (n < 8) return 1;
-    const uint64_t ifd = little ? ((uint64_t)t[4] | (uint64_t)t[5] << 8 | (uint64_t)t[6] << 16 |
-                                   (uint64_t)t[7] << 24)
-                                : ((uint64_t)t[4] << 24 | (uint64_t)t[5] << 16 |
-                                   (uint64_t)t[6] << 8 | (uint64_t)t[7]);
+    int little;
+    if (memcmp(t, "II*\0", 4) == 0 || memcmp(t, "II\0*", 4) == 0) little = 1;
+    else if (memcmp(t, "MM\0*", 4) == 0 || memcmp(t, "MM*\0", 4) == 0 ||
+             memcmp(t, "MM\0+", 4) == 0) /* Pillow misses big-endian BigTIFF's magic */
+        little = 0;
+    else return 1; /* no TIFF header, or little-endian BigTIFF */
+    const uint64_t ifd = tiff_u32(t + 4, little);
     if (ifd + 2 > n) return 1;
-    const unsigned count = U16(t + ifd);
+    const unsigned count = tiff_u16(t + ifd, little);
+    uint64_t read[65536 / 64]; /* tags already read: a repeat is skipped */
+    memset(read, 0, sizeof read);
+    uint64_t budget = 0; /* out-of-line bytes so far, skipped entries' included */
     for (unsigned i = 0; i < count; ++i) {
         const uint64_t entry = ifd + 2 + 12 * (uint64_t)i;
-        if (entry + 4 > n) return 1;
-        if (U16(t + entry) != 0x0112) continue; /* Orientation */
-        /* Any integer, as Pillow reads it (_formats._ORIENTATION_TYPES): SHORT, LONG,
-           SBYTE, SSHORT, SLONG; of several, the first, from wherever the entry points
-           when they do not fit in it; none when they run past the block. */
-        if (entry + 8 > n) return 1;
-        const unsigned type = U16(t + entry + 2);
-        const uint64_t size = type == 6 ? 1 : type == 3 || type == 8 ? 2 : 4;
-        const uint8_t *c = t + entry + 4, *v = t + entry + 8;
-        const uint32_t count = little ? ((uint32_t)c[0] | (uint32_t)c[1] << 8 |
-                                         (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24)
-                                      : ((uint32_t)c[0] << 24 | (uint32_t)c[1] << 16 |
-                                         (uint32_t)c[2] << 8 | (uint32_t)c[3]);
-        if (type != 3 && type != 4 && type != 6 && type != 8 && type != 9) return 1;
-        if (count == 0) return 1;
-        if ((uint64_t)count * size > 4) {
-            if (entry + 12 > n) return 1;
-            const uint64_t at = little ? ((uint64_t)v[0] | (uint64_t)v[1] << 8 |
-                                          (uint64_t)v[2] << 16 | (uint64_t)v[3] << 24)
-                                       : ((uint64_t)v[0] << 24 | (uint64_t)v[1] << 16 |
-                                          (uint64_t)v[2] << 8 | (uint64_t)v[3]);
-            if (at + (uint64_t)count * size > n) return 1;
-            v = t + at;
-        } else if (entry + 8 + size > n) {
-            return 1;
+        if (entry + 12 > n) return 1;
+        const unsigned tag = tiff_u16(t + entry, little), type = tiff_u16(t + entry + 2, little);
+        const uint64_t unit = tiff_unit(type);
+        if (read[tag / 64] >> (tag % 64) & 1 || unit == 0) continue;
+        const uint64_t size = tiff_u32(t + entry + 4, little) * unit;
+        uint64_t at = entry + 8;
+        if (size > 4) {
+            at = tiff_u32(t + entry + 8, little);
+            budget += size;
+            if (budget > n) continue;
+            if (at + size > n) return 1; /* a short read ends Pillow's walk */
         }
-        long value;
-        if (type == 6) value = (int8_t)v[0];
-        else if (type == 3) value = U16(v);
-        else if (type == 8) value = (int16_t)U16(v);
-        else if (type == 4 || type == 9) {
-            const uint32_t u = little ? ((uint32_t)v[0] | (uint32_t)v[1] << 8 |
-                                         (uint32_t)v[2] << 16 | (uint32_t)v[3] << 24)
-                                      : ((uint32_t)v[0] << 24 | (uint32_t)v[1] << 16 |
-                                         (uint32_t)v[2] << 8 | (uint32_t)v[3]);
-            value = type == 9 ? (long)(int32_t)u : (long)u;
-        } else return 1;
-        return value >= 1 && value <= 8 ? (int)value : 1;
+        if (size == 0) continue;
+        if (tag == 0x0112) return tiff_orientation_value(t + at, type, little);
+        read[tag / 64] |= (uint64_t)1 << (tag % 64);
     }
-#undef U16
     return 1;
 }
 

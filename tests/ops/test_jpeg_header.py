@@ -308,3 +308,152 @@ def test_orientation_is_read_as_pillow_reads_it(
         assert got[3] != 1 or turned == (37, 53)
         assert native_header(data) == got, (typ, count)
     assert [python_walk(with_values(*c))[3] for c in several] == [6, 1, 5, 8, 7, 1, 1]  # type: ignore[index]
+
+
+# ------------------------------------------- EXIF blocks: both walks against Pillow itself
+
+_PIL_MAJOR = int(Image.__version__.split(".")[0])
+needs_pillow_13 = pytest.mark.skipif(
+    _PIL_MAJOR < 13, reason="the walks mirror Pillow 13's EXIF reader (older ones differ)"
+)
+_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8}
+
+
+def pillow_orientation(block: bytes) -> int:
+    """The orientation Pillow's exif_transpose takes from an Exif block (no XMP)."""
+    exif = Image.Exif()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            exif.load(b"Exif\x00\x00" + block)
+            value = exif.get(0x0112)
+        except Exception:  # Pillow raises on some (exif_transpose with it)
+            return 1
+    return {2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7, 8: 8}.get(value, 1)
+
+
+def walks(block: bytes, plain: bytes, native_header: Callable[[bytes], object]) -> set[int]:
+    """The orientations the Python and the native walk read from ``block``, as a set."""
+    data = plain[:2] + exif_segment(block) + plain[2:]
+    native = native_header(data)
+    assert native is not None
+    return {jpeg_orientation(data), native[3]}  # type: ignore[index]
+
+
+def entries_block(order: bytes, entries: list[tuple[int, int, int, bytes]]) -> bytes:
+    """A TIFF block: (tag, type, count, values) entries, values that do not fit in the
+    entry stored after the directory."""
+    end = "<" if order == b"II" else ">"
+    after = 8 + 2 + 12 * len(entries) + 4
+    directory, extra = struct.pack(end + "H", len(entries)), b""
+    for tag, typ, count, values in entries:
+        if count * _UNITS.get(typ, 1) <= 4 or typ not in _UNITS:
+            field = values.ljust(4, b"\x00")[:4]
+        else:
+            field, extra = struct.pack(end + "I", after + len(extra)), extra + values
+        directory += struct.pack(end + "HHI", tag, typ, count) + field
+    return order + struct.pack(end + "HI", 42, 8) + directory + b"\x00" * 4 + extra
+
+
+@needs_pillow_13
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_malformed_exif_blocks_turn_as_pillow_turns_them(
+    image: np.ndarray, order: bytes, native_header: Callable[[bytes], object]
+) -> None:
+    # Pillow skips an entry it cannot read and takes a later Orientation; reads FLOAT,
+    # DOUBLE and RATIONAL values equal to an integer; drops a doubled Exif prefix; misses
+    # big-endian BigTIFF's magic. The walks stopped at the first Orientation entry and
+    # read integers only (QA41), so each of these turned nothing here.
+    from PIL import ImageOps
+
+    end = "<" if order == b"II" else ">"
+    plain = pillow_jpeg(image)
+
+    def short(value: int) -> bytes:
+        return struct.pack(end + "H", value)
+
+    six = (0x0112, 3, 1, short(6))
+    cases = {
+        "unknown type, then 6": [(0x0112, 14, 1, short(3)), six],
+        "no values, then 6": [(0x0112, 3, 0, short(3)), six],
+        "values past the budget, then 6": [(0x0112, 3, 1 << 20, b""), six],
+        "RATIONAL 12/2": [(0x0112, 5, 1, struct.pack(end + "II", 12, 2))],
+        "SRATIONAL -6/-1": [(0x0112, 10, 1, struct.pack(end + "ii", -6, -1))],
+        "RATIONAL 13/2": [(0x0112, 5, 1, struct.pack(end + "II", 13, 2))],
+        "RATIONAL 6/0": [(0x0112, 5, 1, struct.pack(end + "II", 6, 0))],
+        "FLOAT 6.0": [(0x0112, 11, 1, struct.pack(end + "f", 6.0))],
+        "DOUBLE 5.0": [(0x0112, 12, 1, struct.pack(end + "d", 5.0))],
+        "DOUBLE 5.5": [(0x0112, 12, 1, struct.pack(end + "d", 5.5))],
+        "LONG8 7": [(0x0112, 16, 1, struct.pack(end + "Q", 7))],
+        "BYTE read first, then 6": [(0x0112, 1, 1, b"\x06"), six],
+        "a later 8 ignored": [six, (0x0112, 3, 1, short(8))],
+    }
+    expected = {
+        "RATIONAL 13/2": 1,
+        "RATIONAL 6/0": 1,
+        "DOUBLE 5.5": 1,
+        "BYTE read first, then 6": 1,
+    }
+    expected |= {"RATIONAL 12/2": 6, "SRATIONAL -6/-1": 6, "DOUBLE 5.0": 5, "LONG8 7": 7}
+    blocks = {name: entries_block(order, entries) for name, entries in cases.items()}
+    blocks["doubled prefix"] = b"Exif\x00\x00" + entries_block(order, [six])
+    little_big = b"II+\x00" + entries_block(order, [six])[4:]
+    big_big = b"MM\x00+" + entries_block(b"MM", [six])[4:]
+    blocks["BigTIFF magic"] = little_big if order == b"II" else big_big
+    expected["BigTIFF magic"] = 1 if order == b"II" else 6  # Pillow tests the third byte
+    for name, block in blocks.items():
+        want = expected.get(name, 6)
+        assert pillow_orientation(block) == want, name  # the premise: this is Pillow's answer
+        assert walks(block, plain, native_header) == {want}, name
+        data = plain[:2] + exif_segment(block) + plain[2:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                turned = ImageOps.exif_transpose(im).size
+        assert turned == ((37, 53) if want >= 5 else (53, 37)), name  # and what it does
+
+
+_NUMBER_FORMATS = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 11: "f", 12: "d", 13: "I", 16: "Q"}
+
+
+def encoded(typ: int, value: int, end: str, denominator: int) -> bytes:
+    """``value`` as one value of TIFF type ``typ`` (a rational as value * d / d, d in 0-2)."""
+    if typ in (5, 10):
+        return struct.pack(end + "II", value * max(denominator, 1), denominator)
+    fmt = _NUMBER_FORMATS.get(typ)
+    return bytes([value]) if fmt is None else struct.pack(end + fmt, value)
+
+
+@needs_pillow_13
+def test_fuzzed_exif_blocks_turn_as_pillow_turns_them(
+    image: np.ndarray, native_header: Callable[[bytes], object]
+) -> None:
+    rng = np.random.default_rng(5)
+    plain = pillow_jpeg(image)
+    types = [*_UNITS, 0, 14, 17]
+    seen: dict[int, int] = {}
+    for _ in range(3000):
+        order = b"II" if rng.random() < 0.5 else b"MM"
+        end = "<" if order == b"II" else ">"
+        entries = []
+        for _ in range(int(rng.integers(0, 5))):
+            tag = int(rng.choice([0x0112, 0x0112, 0x010F, 0x8769]))
+            typ = int(rng.choice(types))
+            count = int(rng.choice([1, 1, 1, 0, 2, 3, 1 << 30]))
+            numbers = [int(v) for v in rng.integers(0, 10, size=min(count, 4))]
+            values = b"".join(encoded(typ, v, end, int(rng.integers(0, 3))) for v in numbers)
+            entries.append((tag, typ, count, values[: min(count, 4) * _UNITS.get(typ, 1)]))
+        block = bytearray(entries_block(order, entries))
+        for _ in range(int(rng.integers(0, 3))):  # damage: a byte anywhere, or a cut
+            if not block:
+                break
+            if rng.random() < 0.7:
+                block[int(rng.integers(0, len(block)))] = int(rng.integers(0, 256))
+            else:
+                del block[int(rng.integers(0, len(block))) :]
+        if rng.random() < 0.05:
+            block[:0] = b"Exif\x00\x00"
+        want = pillow_orientation(bytes(block))
+        assert walks(bytes(block), plain, native_header) == {want}, bytes(block).hex()
+        seen[want] = seen.get(want, 0) + 1
+    assert seen.get(1, 0) > 500 and sum(n for o, n in seen.items() if o != 1) > 250, seen

@@ -54,6 +54,7 @@ def cases() -> list[bytes]:
     grey = photo_like(150, 170, np.random.default_rng(10)).mean(axis=2, keepdims=True)
     out.append(bytes(simplejpeg.encode_jpeg(grey.astype(np.uint8), quality=90, colorspace="GRAY")))
     out.append(with_exif(out[3]))
+    out.append(with_odd_exif(out[3]))
     return out
 
 
@@ -64,6 +65,16 @@ def with_exif(jpeg: bytes) -> bytes:
     tiff = b"II*\x00" + struct.pack("<IH", 8, 2) + entries + b"\x00" * 4  # 38 bytes
     tiff += b"Make\x00\x00\x00\x00" + struct.pack("<HHH", 6, 1, 1)
     segment = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + jpeg[2:]
+
+
+def with_odd_exif(jpeg: bytes) -> bytes:
+    """``jpeg`` with a doubled Exif prefix, big-endian, an Orientation of an unknown type,
+    then one that is a DOUBLE stored out of line, ending exactly where the block does."""
+    entries = struct.pack(">HHII", 0x0112, 14, 1, 0) + struct.pack(">HHII", 0x0112, 12, 1, 38)
+    tiff = b"MM\x00*" + struct.pack(">IH", 8, 2) + entries + b"\x00" * 4  # 38 bytes
+    tiff += struct.pack(">d", 6.0)
+    segment = b"Exif\x00\x00" * 2 + tiff
     return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + jpeg[2:]
 
 
