@@ -8,7 +8,9 @@ prints one line and exits with status 1. Neither shows a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import re
 import sys
@@ -474,17 +476,60 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     for b in bad:
         print(f"  {b.key}: {b.stage}: {b.error}")
+    unlisted = []
     if args.good_list is not None:
-        with args.good_list.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["path", "label"])
+        rows = io.StringIO(newline="")
+        writer = csv.writer(rows)
+        writer.writerow(["path", "label"])
+        for i in good:
             # Absolute: the CSV's own folder is where relative paths are taken from.
-            writer.writerows((_absolute(index.key(i)), index.label(i)) for i in good)
+            path = _absolute(index.key(i))
+            if _utf8(path):
+                writer.writerow((path, index.label(i)))
+            else:  # a CSV list is UTF-8 (QA: a traceback, and a list cut at this row)
+                unlisted.append(path)
+        _write_whole(args.good_list, rows.getvalue())
         print(f"good samples written to {args.good_list} (gpu-loader demo --data takes it)")
+    if unlisted:
+        print(
+            f"{len(unlisted):,} good {'file is' if len(unlisted) == 1 else 'files are'} not in "
+            f"{args.good_list}: a CSV list holds UTF-8 names only (rename "
+            f"{'it' if len(unlisted) == 1 else 'them'})"
+        )
+        for path in unlisted:
+            print(f"  {path!r}")
     if args.json is not None:
-        args.json.write_text(json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
+        _write_whole(args.json, json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
         print(f"bad files written to {args.json}")
-    return 1 if bad else 0
+    return 1 if bad or unlisted else 0
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a file name that is not holds surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
+    over it, so a run that stops midway never leaves a list that looks complete."""
+    import tempfile
+
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        umask = os.umask(0o022)  # read it (the commands run no threads of their own here)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -254,6 +254,49 @@ def test_an_empty_list_and_a_folder_as_an_output_file_are_clear_errors(tmp_path:
     assert result.returncode == 2 and f"folder {missing.parent} does not exist" in result.stderr
 
 
+def test_verify_leaves_names_a_csv_cannot_hold_out_of_its_list_and_says_so(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # A good file whose name is not UTF-8 raised UnicodeEncodeError mid-write: a traceback,
+    # and a --good-list cut at that row that a later run took as complete (QA).
+    import shutil
+
+    data = shutil.copytree(tiny, tmp_path / "data")
+    first = sorted(data.rglob("*.jpg"))[0]
+    odd = os.fsencode(first.parent) + b"/caf\xe9.jpg"
+    with open(odd, "wb") as f:
+        f.write(first.read_bytes())
+    good = tmp_path / "good.csv"
+    result = run("verify", "--data", str(data), "--good-list", str(good), cache=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "41 good, 0 bad" in result.stdout
+    assert "1 good file is not in" in result.stdout and "caf\\udce9.jpg'" in result.stdout
+    from gpu_loader.sources import FileList
+
+    listed = FileList.from_csv(good)
+    assert len(listed) == 40 and not any("caf" in listed.key(i) for i in range(40))
+
+
+def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path: Path) -> None:
+    from gpu_loader.cli import _write_whole
+
+    target = tmp_path / "good.csv"
+    target.write_text("path,label\nkept.jpg,0\n")
+    with pytest.raises(UnicodeEncodeError):  # fails midway through writing
+        _write_whole(target, "path,label\n" + "a.jpg,0\n" * 1000 + "caf\udce9.jpg,0\n")
+    assert target.read_text() == "path,label\nkept.jpg,0\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.csv"]  # no temporary left
+    _write_whole(target, "path,label\nnew.jpg,1\n")
+    assert target.read_text() == "path,label\nnew.jpg,1\n"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
     result = run(cache=tmp_path)
     assert result.returncode == 2 and "usage: gpu-loader" in result.stderr
