@@ -286,6 +286,7 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
     f.seek(end)
     block = f.read(tarfile.BLOCKSIZE)
     if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
+        _check_tail(shard, f, end, size)
         return
     if not block:  # a cut that fell on a header boundary, or a writer without the marker
         _log.warning(
@@ -300,6 +301,23 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
         f"tar shard {shard!r} is truncated or corrupt: the member header at byte {end:,} of "
         f"{size:,} is {what}, so the members after it cannot be found"
     )
+
+
+def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
+    """After tar's end-of-archive marker come zeros only (the marker's second block and
+    the record's padding). tarfile takes one zero block as the end, so a header zeroed in
+    place, or shards joined with ``cat``, lost every member after it with no error (QA)."""
+    at = end + tarfile.BLOCKSIZE
+    while chunk := f.read(1 << 16):
+        if chunk.count(0) != len(chunk):
+            data = at + next(i for i, b in enumerate(chunk) if b)
+            raise ValueError(
+                f"tar shard {shard!r} has data at byte {data:,} of {size:,}, after the "
+                f"end-of-archive marker at byte {end:,}: tar files joined with cat, or a "
+                "member header zeroed in place; the members after it cannot be indexed "
+                "(`tar --ignore-zeros` reads joined files: extract and rewrite the shard)"
+            )
+        at += len(chunk)
 
 
 # Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).

@@ -359,6 +359,28 @@ def test_a_damaged_or_cut_member_header_is_not_the_end_of_the_shard(
     assert f"edge.tar' ends at byte {middle} without tar's end-of-archive marker" in caplog.text
 
 
+def test_data_after_the_end_marker_is_refused_not_lost(shards: list[Path], tmp_path: Path) -> None:
+    # tarfile takes one zero block as the end of the archive: shards joined with `cat`,
+    # or a member header zeroed in place, indexed the members before it and lost the rest
+    # with no error and no warning (QA).
+    first, second = shards[0].read_bytes(), shards[1].read_bytes()
+    joined = tmp_path / "joined.tar"
+    joined.write_bytes(first + second)
+    with pytest.raises(ValueError, match=rf"joined\.tar.*data at byte {len(first):,} .*cat"):
+        TarShards([str(joined)])
+    with tarfile.open(shards[2]) as tar:
+        middle = tar.getmembers()[2].offset
+    zeroed = bytearray(shards[2].read_bytes())
+    zeroed[middle : middle + 512] = bytes(512)
+    hole = tmp_path / "hole.tar"
+    hole.write_bytes(bytes(zeroed))
+    with pytest.raises(ValueError, match=rf"hole\.tar.*marker at byte {middle:,}.*zeroed"):
+        TarShards([str(hole)])
+    padded = tmp_path / "padded.tar"  # zeros past the record's padding are still the end
+    padded.write_bytes(first + bytes(200_000))
+    assert len(TarShards([str(padded)])) == len(TarShards([str(shards[0])]))
+
+
 def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
     index = TarShards([str(shards[2])])
     shards[2].write_bytes(shards[2].read_bytes()[:600])
