@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -78,6 +79,17 @@ def check_label(label: object, where: str) -> int:
     if not -(2**63) <= value < 2**63:  # labels travel as int64 tensors
         raise ValueError(f"label of {where} does not fit in int64, got {value}")
     return value
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_label(text: str, where: str) -> int | None:
+    """The integer ``text`` writes in ASCII digits (spaces around it allowed), checked as a
+    label; None for anything else. ``int()`` alone also took ``1_000`` and full-width
+    digits, which no list of labels means."""
+    text = text.strip()
+    return check_label(int(text), where) if _INTEGER.fullmatch(text) else None
 
 
 def check_labels_index(

@@ -7,15 +7,12 @@ import csv
 import io
 import os
 import posixpath
-import re
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from gpu_loader.sources import _io
-from gpu_loader.sources._base import FileIndex, check_label, check_labels_index
-
-_INTEGER = re.compile(r"[+-]?[0-9]+")
+from gpu_loader.sources._base import FileIndex, check_label, check_labels_index, parse_label
 
 
 class FileList(FileIndex):
@@ -102,7 +99,9 @@ class FileList(FileIndex):
         # newline="": the csv module ends lines at \n, \r\n or an old Mac \r itself, and a
         # quoted path keeps the \r or \n it holds (translating them named another file)
         # skipinitialspace: "a.jpg, 3" and a header "label, path" read as meant
-        reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
+        # strict: a quote left open ran to the end of the file, taking every later row
+        # into one path (QA); now "unexpected end of data" on the line it began
+        reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True, strict=True)
         rows = _rows(reader, location)
         header = [h.strip() for h in next(rows, [])]
         if "path" not in header or "label" not in header:
@@ -120,10 +119,9 @@ class FileList(FileIndex):
             if len(row) <= max(p_col, l_col):
                 raise ValueError(f"CSV {location!r} line {line}: too few columns in {row!r}")
             where = f"CSV {location!r} line {line}"
-            # digits only: int() also took "1_000" and full-width digits
-            if not _INTEGER.fullmatch(row[l_col].strip()):
+            label = parse_label(row[l_col], where)
+            if label is None:
                 raise ValueError(f"{where}: label {row[l_col]!r} is not an integer")
-            label = check_label(int(row[l_col]), where)
             entry = row[p_col]  # as written: no strip, a quoted " a.jpg" names " a.jpg"
             if not entry.strip():
                 raise ValueError(f"{where}: the path is empty")
@@ -139,12 +137,18 @@ def _rows(reader: Iterator[list[str]], location: str) -> Iterator[list[str]]:
     """``reader``'s rows, its own errors (Python 3.10: "line contains NUL") as a
     ValueError naming the CSV and line, as every other CSV error is."""
     while True:
+        start = getattr(reader, "line_num", -1) + 1  # the line the next row begins on
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:
             line = getattr(reader, "line_num", "?")
+            if str(exc) == "unexpected end of data":  # strict: the file ended inside quotes
+                raise ValueError(
+                    f"CSV {location!r} line {start}: a quote opened in this row is never "
+                    f"closed (the file ends inside it, at line {line})"
+                ) from None
             raise ValueError(f"CSV {location!r} line {line}: {exc}") from None
         yield row
 

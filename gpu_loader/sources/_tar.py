@@ -25,9 +25,9 @@ from gpu_loader.sources import _io
 from gpu_loader.sources._base import (
     apple_double,
     check_index,
-    check_label,
     check_labels_index,
     fingerprint_of,
+    parse_label,
 )
 
 if TYPE_CHECKING:
@@ -220,12 +220,30 @@ def _expand(pattern: str, whole: str, at: int = 0) -> list[str]:
     if choices is None:  # neither a list nor a range: literal text, as in bash
         return _expand(pattern, whole, end + 1)
     # A choice may hold braces itself: expansion goes on from where it starts.
-    return [url for c in choices for url in _expand(head + c + tail, whole, len(head))]
+    urls: list[str] = []
+    for c in choices:
+        urls += _expand(head + c + tail, whole, len(head))
+        _check_count(len(urls), whole)
+    return urls
+
+
+# The most names a brace pattern may expand to: ten times the shards of the largest public
+# WebDataset corpora. QA: a typo like s{0..999999999999}.tar was expanded whole first,
+# taking the machine's memory before any check.
+MAX_EXPANDED_URLS = 1_000_000
+
+
+def _check_count(count: int, whole: str) -> None:
+    if count > MAX_EXPANDED_URLS:
+        raise ValueError(
+            f"the brace pattern {whole!r} expands to more than {MAX_EXPANDED_URLS:,} names; "
+            "is a range mistyped?"
+        )
 
 
 def _range(body: str, whole: str) -> list[str] | None:
     """The values of ``a..b`` or ``a..b..step``; None for anything else."""
-    span = re.fullmatch(r"(\d+)\.\.(\d+)(?:\.\.(\d+))?", body)
+    span = re.fullmatch(r"([0-9]+)\.\.([0-9]+)(?:\.\.([0-9]+))?", body)  # ASCII, as bash
     if span is None:
         return None
     lo, hi, step_text = span.group(1), span.group(2), span.group(3)
@@ -234,6 +252,7 @@ def _range(body: str, whole: str) -> list[str] | None:
     step = int(step_text) if step_text is not None else 1
     if step < 1:
         raise ValueError(f"brace range {{{body}}} in {whole!r} needs a step >= 1")
+    _check_count((int(hi) - int(lo)) // step + 1, whole)  # before building the list
     padded = any(len(end) > 1 and end.startswith("0") for end in (lo, hi))
     width = max(len(lo), len(hi)) if padded else 0
     return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1, step)]
@@ -455,14 +474,13 @@ def _read_label(tar: tarfile.TarFile, member: tarfile.TarInfo, shard: str) -> in
     f: Any = tar.fileobj
     f.seek(member.offset_data)
     text = f.read(member.size).decode("utf-8", "replace").strip()
-    try:
-        label = int(text)
-    except ValueError:
+    label = parse_label(text, f"tar shard {shard!r} member {member.name!r}")
+    if label is None:  # the rule of a CSV list's labels: ASCII digits, no "1_0"
         raise ValueError(
             f"tar shard {shard!r} member {member.name!r} should hold an integer label, "
             f"got {text[:40]!r}"
-        ) from None
-    return check_label(label, f"tar shard {shard!r} member {member.name!r}")
+        )
+    return label
 
 
 _MAX_LABEL_BYTES = 64  # an int64 in decimal with spaces and a newline fits many times

@@ -115,6 +115,9 @@ def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
         (f"path,label\na.jpg,{2**70}\n", "line 2 does not fit in int64"),
         ("path,label\na.jpg,1_000\n", "line 2: label '1_000' is not an integer"),
         ('path,label\n"a\nb.jpg",1\nc.jpg,x\n', "line 4: label 'x'"),  # lines, not rows
+        # A quote left open took every later row into one path, with no error.
+        ('label,path\n0,"a.jpg\n1,b.jpg\n2,c.jpg\n', "line 2: a quote .* never closed"),
+        ("path,label\na.jpg,\uff13\n", "line 2: label '\uff13' is not an integer"),
     ],
 )
 def test_bad_csv_is_a_clear_error(tmp_path: Path, text: str, match: str) -> None:

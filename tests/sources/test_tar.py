@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import gzip
 import io
 import os
@@ -112,6 +113,19 @@ def test_brace_patterns_expand_as_bash_does(pattern: str, expected: list[str]) -
 def test_a_pattern_naming_a_shard_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="more than once"):
         expand_urls("x{a,b,a}.tar")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("pattern", ["s{0..999999999999}.tar", "s{000..999}{000..999}{0..9}.tar"])
+def test_a_pattern_past_a_million_names_is_refused_before_it_is_built(pattern: str) -> None:
+    # A typo's range was expanded whole first: MemoryError, or the machine's memory (QA).
+    with pytest.raises(ValueError, match=r"more than 1,000,000 names; is a range mistyped"):
+        expand_urls(pattern)
+    assert len(expand_urls("s{000..999}{000..999}.tar")) == 1_000_000  # the limit itself
+
+
+def test_brace_ranges_take_ascii_digits_only() -> None:
+    assert expand_urls("s{\u0660..\u0663}.tar") == ["s{\u0660..\u0663}.tar"]  # literal, as bash
 
 
 def test_a_list_naming_a_shard_twice_and_labels_outside_classes_are_refused(
@@ -236,6 +250,11 @@ def test_hostile_member_names_are_refused(tmp_path: Path, name: str) -> None:
     assert repr(name) in str(info.value)
 
 
+def labelled(tar: tarfile.TarFile, cls: bytes) -> None:
+    add_member(tar, "k.jpg", b"1")
+    add_member(tar, "k.cls", cls)
+
+
 def test_links_duplicates_and_bad_labels_are_refused(tmp_path: Path) -> None:
     def shard(build: object) -> str:
         out = io.BytesIO()
@@ -265,6 +284,9 @@ def test_links_duplicates_and_bad_labels_are_refused(tmp_path: Path) -> None:
         TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.png", b"2")))])
     with pytest.raises(ValueError, match="integer label, got 'cat'"):
         TarShards([shard(lambda t: (add_member(t, "k.jpg", b"1"), add_member(t, "k.cls", b"cat")))])
+    for text in ("1_0", "\uff13"):  # int() takes both; a CSV list's labels may not
+        with pytest.raises(ValueError, match=f"integer label, got '{text}'"):
+            TarShards([shard(functools.partial(labelled, cls=text.encode()))])
     with pytest.raises(ValueError, match="two labels for the key 'k'"):
         TarShards([shard(lambda t: [add_member(t, n, d) for n, d in LABELS_TWICE])])
     with pytest.raises(ValueError, match=r"member 'k\.cls'.* does not fit in int64"):
