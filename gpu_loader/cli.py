@@ -259,6 +259,8 @@ def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
         index = open_index(text)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: "Install s3fs to ..."
         raise CliError(f"--data {text}: {_in_cli_terms(str(exc))}") from None
+    except Exception as exc:  # a filesystem's own (a credentials error): still one line
+        raise CliError(f"--data {text}: {type(exc).__name__}: {exc}") from None
     if len(index) == 0:  # a CSV list with its header alone, shards with no image
         raise CliError(f"--data {text}: {index!r} has no samples (an empty list or shard set?)")
     return index

@@ -81,7 +81,7 @@ class TarShards:
         self.classes = list(classes) if classes is not None else []
         # Remote shards are indexed concurrently: each scan is mostly waiting on I/O.
         with ThreadPoolExecutor(max_workers=min(index_threads, len(shards))) as pool:
-            scanned = list(pool.map(_scan_shard, shards))
+            scanned = list(pool.map(_scan_named, shards))
         per_shard = [entries for entries, _ in scanned]
         # Local shards: what each was when indexed, checked at every read (a shard
         # rewritten in place would be read at stale offsets). Remote ones are trusted:
@@ -266,6 +266,24 @@ def check_member_name(name: str, shard: str) -> None:
             f"tar shard {shard!r} has a member named {name!r} that escapes the archive "
             "(absolute path or '..'); refusing the shard. Rebuild it with relative member names"
         )
+
+
+def _scan_named(shard: str) -> tuple[list[_Entry], _io.Stamp | None]:
+    """`_scan_shard`, its errors naming the shard. A filesystem's own (a timeout, or a
+    credentials error that is no OSError) did not say which of the shards failed (QA)."""
+    try:
+        return _scan_shard(shard)
+    except (ValueError, ImportError, MemoryError):  # ours name it; "Install s3fs ..."
+        raise
+    except Exception as exc:
+        if shard in str(exc):
+            raise
+        said = f"tar shard {shard!r} could not be read: {type(exc).__name__}: {exc}".rstrip(": ")
+        try:  # an OSError keeps its kind (FileNotFoundError, TimeoutError, ...)
+            named = type(exc)(said) if isinstance(exc, OSError) else OSError(said)
+        except Exception:
+            named = OSError(said)
+        raise named from exc
 
 
 def _scan_shard(shard: str) -> tuple[list[_Entry], _io.Stamp | None]:

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,6 +296,37 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def test_a_filesystem_error_that_is_no_oserror_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # s3fs / gcsfs may pass a credentials error through as a plain Exception: a traceback.
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from gpu_loader.cli import main
+
+    class NoCredentialsError(Exception):
+        pass
+
+    class LockedFS(MemoryFileSystem):
+        protocol = ("lockedfs",)
+
+        @classmethod
+        def _strip_protocol(cls, path: str) -> str:
+            return "/" + path.removeprefix("lockedfs://").strip("/")
+
+        def info(self, path: str, **kwargs: Any) -> Any:
+            raise NoCredentialsError("Unable to locate credentials")
+
+        ls = cat_file = info
+
+    fsspec.register_implementation("lockedfs", LockedFS, clobber=True)
+    code = main(["verify", "--data", "lockedfs://bucket/list.csv"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "lockedfs://bucket/list.csv: NoCredentialsError: Unable to locate" in err
 
 
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import io
 import os
 import tarfile
 from pathlib import Path
+from typing import Any, ClassVar
 
 import fsspec
 import numpy as np
@@ -401,6 +402,52 @@ def test_data_after_the_end_marker_is_refused_not_lost(shards: list[Path], tmp_p
     padded = tmp_path / "padded.tar"  # zeros past the record's padding are still the end
     padded.write_bytes(first + bytes(200_000))
     assert len(TarShards([str(padded)])) == len(TarShards([str(shards[0])]))
+
+
+class _FailingRead(io.BytesIO):
+    """A shard file whose third read raises what its name says."""
+
+    def __init__(self, data: bytes, kind: str) -> None:
+        super().__init__(data)
+        self.kind, self.reads = kind, 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.reads += 1
+        if self.reads >= 3 and self.kind == "timeout":
+            raise TimeoutError("read timed out")
+        if self.reads >= 3 and self.kind == "runtime":
+            raise RuntimeError("connection pool closed")
+        return super().read(size)
+
+
+def test_a_filesystem_failing_mid_scan_is_named_by_shard(shards: list[Path]) -> None:
+    # A timeout while scanning one of several shards said "read timed out" and not which
+    # shard; a filesystem's error that is no OSError (a credentials error) a traceback (QA).
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class FailingFS(MemoryFileSystem):
+        protocol = ("failscan",)
+        store: ClassVar[dict[str, object]] = {}
+        pseudo_dirs: ClassVar[list[str]] = [""]
+
+        @classmethod
+        def _strip_protocol(cls, path: str) -> str:
+            return "/" + path.removeprefix("failscan://").strip("/")
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+            if "r" not in mode:  # pipe_file, writing the shard
+                return super()._open(path, mode, **kwargs)
+            return _FailingRead(self.cat_file(path), path.rsplit("/", 1)[-1].split(".")[0])
+
+    fsspec.register_implementation("failscan", FailingFS, clobber=True)
+    fs = fsspec.filesystem("failscan")
+    for name in ("ok", "timeout", "runtime"):
+        fs.pipe_file(f"/s/{name}.tar", shards[0].read_bytes())
+    assert len(TarShards("failscan://s/ok.tar")) == len(TarShards([str(shards[0])]))
+    with pytest.raises(TimeoutError, match=r"tar shard 'failscan://s/timeout\.tar' .*timed out"):
+        TarShards("failscan://s/{ok,timeout}.tar")
+    with pytest.raises(OSError, match=r"'failscan://s/runtime\.tar' .*RuntimeError: connection"):
+        TarShards("failscan://s/{ok,runtime}.tar")
 
 
 def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
