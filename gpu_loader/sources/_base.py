@@ -122,8 +122,9 @@ def fingerprint_of(names: Iterable[str], labels: np.ndarray) -> str:
 class FileIndex:
     """Shared body of indexes with one file (local path or URL) per sample.
 
-    A sample's key is ``prefix + names[i]``: ImageFolder stores paths relative to its
-    root once (half the memory of keeping both) and fingerprints the relative names;
+    A sample's key is ``prefix + names[i] + suffix``: ImageFolder stores paths relative
+    to its root once (half the memory of keeping both) and fingerprints the relative
+    names (the suffix: the rest of a chained URL, ``zip://a.jpg::s3://b/d.zip``);
     FileList has an empty prefix. ``sizes`` may hold -1 for "unknown"; local files are
     then ``stat``-ed on the first ``nbytes`` call and cached (lazily, so listing a huge
     folder stays one walk).
@@ -138,9 +139,11 @@ class FileIndex:
         sizes: np.ndarray | None,
         classes: list[str],
         prefix: str = "",
+        suffix: str = "",
     ) -> None:
         self._names = list(names)
         self._prefix = prefix
+        self._suffix = suffix
         self._labels = np.ascontiguousarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
         n = len(self._names)
@@ -157,8 +160,10 @@ class FileIndex:
         low, high = int(self._labels.min()), int(self._labels.max())  # labels, no class names
         return f"{type(self).__name__}({len(self)} samples, labels {low}..{high}, unnamed)"
 
+    _suffix = ""  # indexes pickled before it existed
+
     def key(self, i: int) -> str:
-        return self._prefix + self._names[check_index(i, len(self))]
+        return self._prefix + self._names[check_index(i, len(self))] + self._suffix
 
     def label(self, i: int) -> int:
         return int(self._labels[check_index(i, len(self))])
@@ -180,7 +185,7 @@ class FileIndex:
         size = int(self._sizes[j])
         if size >= 0:
             return size
-        location = self._prefix + self._names[j]
+        location = self._prefix + self._names[j] + self._suffix
         if _io.local_path(location) is None:
             return None  # a remote size needs a request: not cheap
         try:

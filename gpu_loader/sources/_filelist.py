@@ -6,7 +6,6 @@ import codecs
 import csv
 import io
 import os
-import posixpath
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -59,14 +58,15 @@ class FileList(FileIndex):
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))
         names = list(classes) if classes is not None else []
         check_labels_index(labels, names, "FileList")
+        suffix = ""
         if root is not None:
-            prefix = _as_prefix(os.fspath(root))
+            prefix, suffix = _affixes(os.fspath(root))
         elif locations and not any(_absolute(entry) for entry in locations):
-            prefix = _as_prefix(os.getcwd())  # the names, and so the fingerprint, as given
+            prefix = os.path.join(os.getcwd(), "")  # the names, and so the fingerprint, as given
         else:
             prefix = ""
             locations = [_join(os.getcwd(), entry) for entry in locations]
-        super().__init__(locations, np.array(labels, np.int64), None, names, prefix)
+        super().__init__(locations, np.array(labels, np.int64), None, names, prefix, suffix)
 
     @classmethod
     def from_csv(
@@ -161,19 +161,21 @@ def _base_of(location: str) -> str:
     """The folder (or URL) a CSV at ``location`` sits in; absolute for a local file, so
     its samples' keys survive a change of working directory."""
     if _io.is_url(location):
-        scheme, _, rest = location.partition("://")
-        return f"{scheme}://{posixpath.dirname(rest)}"  # "memory://list.csv" -> "memory://"
+        return _io.url_parent(location)
     return os.path.dirname(os.path.abspath(location))
 
 
-def _as_prefix(base: str) -> str:
-    """``base`` ending in its separator, so that prefix + relative path is the key."""
+def _affixes(base: str) -> tuple[str, str]:
+    """``(prefix, suffix)`` with prefix + relative path + suffix the key of a file under
+    ``base`` (a suffix only for a chained URL: QA, a CSV inside a zip read its paths as
+    ``zip://l.csv::memory:/imgs/a.jpg``)."""
     if _io.is_url(base):
-        return base if base.endswith("/") else base + "/"
-    return os.path.join(base, "")
+        return _io.url_affixes(base)
+    return os.path.join(base, ""), ""
 
 
 def _join(base: str, entry: str) -> str:
     if _absolute(entry):
         return entry
-    return _as_prefix(base) + entry
+    prefix, suffix = _affixes(base)
+    return prefix + entry + suffix

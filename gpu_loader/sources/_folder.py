@@ -60,6 +60,7 @@ class ImageFolder(FileIndex):
         self.root = root_s
         self.extensions = exts
         path = _io.local_path(root_s)
+        suffix = ""
         if path is not None:
             classes, files = _scan_local(path, exts, allow_empty)
             # absolute, so the keys still name the files after a change of working
@@ -69,7 +70,7 @@ class ImageFolder(FileIndex):
                 prefix = f"file://{prefix}"
         else:
             classes, files = _scan_fsspec(root_s, exts, allow_empty)
-            prefix = root_s.rstrip("/") + "/"
+            prefix, suffix = _io.url_affixes(root_s)
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         n = len(files)
         super().__init__(
@@ -78,6 +79,7 @@ class ImageFolder(FileIndex):
             np.fromiter((f[2] for f in files), np.int64, n),
             list(classes),
             prefix,
+            suffix,
         )
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import posixpath
 import re
 import stat
 from typing import TYPE_CHECKING, Any
@@ -182,6 +183,44 @@ def byte_view(buf: Buffer, key: str) -> memoryview:
 _CHAINED_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::|::[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def chained(url: str) -> bool:
+    """Whether ``url`` chains fsspec protocols (``zip://a::s3://b``, ``simplecache::s3://b``),
+    not a name that merely holds ``::``."""
+    return "::" in url and _CHAINED_RE.search(url) is not None
+
+
+def url_affixes(root: str) -> tuple[str, str]:
+    """``(prefix, suffix)`` with ``prefix + relative path + suffix`` the URL of a file under
+    the fsspec URL ``root``. In a chained URL the path belongs to the first link that has
+    one (``zip://c/a.jpg::memory://z.zip``): appended to the whole chain it named the
+    archive's own path as a folder, and every read failed (QA)."""
+    if chained(root):
+        links = root.split("::")
+        for k, link in enumerate(links):
+            protocol, has_path, path = link.partition("://")
+            if has_path:
+                path = path.rstrip("/")
+                head = "::".join(
+                    [*links[:k], f"{protocol}://{path}/" if path else f"{protocol}://"]
+                )
+                rest = links[k + 1 :]
+                return head, "::" + "::".join(rest) if rest else ""
+    return (root if root.endswith("://") else root.rstrip("/") + "/"), ""  # memory:// stays
+
+
+def url_parent(url: str) -> str:
+    """The URL of the folder ``url`` names a file in (``memory://a/l.csv`` -> ``memory://a``;
+    in a chained URL, the link that holds the path: ``zip://l/t.csv::s3://b/z.zip`` ->
+    ``zip://l::s3://b/z.zip``)."""
+    links = url.split("::") if chained(url) else [url]
+    for k, link in enumerate(links):
+        protocol, has_path, path = link.partition("://")
+        if has_path:
+            links[k] = f"{protocol}://{posixpath.dirname(path)}"  # memory://l.csv -> memory://
+            break
+    return "::".join(links)
+
+
 def fsspec_fs(url: str) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path for ``url`` (instances are cached by
     fsspec), with the path's ``.`` and ``..`` segments resolved, as the OS resolves a
@@ -192,7 +231,7 @@ def fsspec_fs(url: str) -> tuple[Any, str]:
     import fsspec
     import fsspec.core
 
-    if "::" in url and _CHAINED_RE.search(url) is None:
+    if "::" in url and not chained(url):
         protocol = url.partition("://")[0]
         cls = fsspec.get_filesystem_class(protocol)
         # Stripped with the "::" hidden: some file systems leave a path holding one as it

@@ -188,6 +188,34 @@ def test_a_chained_url_is_a_url(memfs: tuple[fsspec.AbstractFileSystem, str]) ->
     assert FileList.from_csv(f"simplecache::memory://{base}/lists/train.csv").read(0) == jpg
 
 
+def test_a_csv_inside_a_zip_reads_its_paths_inside_it(
+    memfs: tuple[fsspec.AbstractFileSystem, str],
+) -> None:
+    # The CSV's folder was taken from the whole chain: keys like
+    # zip://lists/train.csv::memory:/../imgs/a.jpg, and every read failed (QA). In a chained
+    # URL the path lives in the zip link.
+    import io
+    import zipfile
+
+    fs, base = memfs
+    jpg, png = image_bytes(8), image_bytes(9, "PNG")
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        archive.writestr("imgs/a.jpg", jpg)
+        archive.writestr("imgs/b.png", png)
+        archive.writestr("lists/train.csv", "path,label\n../imgs/a.jpg,0\n../imgs/b.png,1\n")
+        archive.writestr("top.csv", "path,label\nimgs/b.png,1\n")
+    fs.pipe_file(f"{base}/z.zip", packed.getvalue())
+    archive_url = f"memory://{base}/z.zip"
+    nested = FileList.from_csv(f"zip://lists/train.csv::{archive_url}")
+    assert [nested.read(i) for i in range(2)] == [jpg, png]
+    assert nested.key(1) == f"zip://lists/../imgs/b.png::{archive_url}"
+    top = FileList.from_csv(f"zip://top.csv::{archive_url}")
+    assert top.key(0) == f"zip://imgs/b.png::{archive_url}" and top.read(0) == png
+    rooted = FileList([("imgs/a.jpg", 0)], root=f"zip://::{archive_url}")
+    assert rooted.read(0) == jpg
+
+
 def test_fingerprint_depends_on_keys_and_labels() -> None:
     base = FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint()
     assert FileList([("a.jpg", 0), ("b.jpg", 1)]).fingerprint() == base

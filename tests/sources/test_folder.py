@@ -143,6 +143,35 @@ def test_extensions_can_be_narrowed(tree: Path) -> None:
     assert [os.path.relpath(one.key(i), tree) for i in range(len(one))] == ["dog/sub/c.jpeg"]
 
 
+@pytest.mark.parametrize("inside", ["", "data"])
+def test_a_folder_inside_a_zip_reads_through_a_chained_url(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], inside: str
+) -> None:
+    # Keys were root + "/" + name: zip://::memory://z.zip/Cat/a.jpg names the archive as a
+    # folder, and every read failed with "FileExistsError: /z.zip" (QA). The path belongs
+    # in the zip link: zip://Cat/a.jpg::memory://z.zip.
+    import io
+    import zipfile
+
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        for rel, _ in TREE_EXPECTED:
+            archive.writestr(f"{inside}/{rel}".lstrip("/"), (tree / rel).read_bytes())
+    memfs[0].pipe_file(f"{memfs[1]}/z.zip", packed.getvalue())
+    archive_url = f"memory://{memfs[1]}/z.zip"
+    for root in (f"zip://{inside}::{archive_url}", f"zip://{inside}/::{archive_url}"):
+        index = ImageFolder(root)
+        assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
+        assert index.fingerprint() == ImageFolder(tree).fingerprint()
+        for i, (rel, _) in enumerate(TREE_EXPECTED):
+            path = f"{inside}/{rel}".lstrip("/")
+            assert index.key(i) == f"zip://{path}::{archive_url}"
+            assert index.read(i) == (tree / rel).read_bytes()
+    cached = ImageFolder(f"simplecache::{copy_to_memory(memfs[0], tree, memfs[1] + '/plain')}")
+    assert cached.key(0).startswith("simplecache::memory://")  # the path is in the last link
+    assert cached.read(0) == (tree / TREE_EXPECTED[0][0]).read_bytes()
+
+
 def test_fingerprint_is_stable_and_independent_of_location(
     tree: Path, tmp_path: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
 ) -> None:
