@@ -210,6 +210,12 @@ class Received:
         self.stage_failures = stage_failures_of(resume, self.ledger.failed)
         """Failed samples per stage (they count against ``max_failures`` per stage, also
         after a resume)."""
+        self.padding = padding_of(resume, len(self.ledger.status))
+        """Where `EpochBase.padding_batch`'s round of repeats stands, as handed over: the
+        next place in the delivered samples, and the positions that failed to repeat. In
+        the state: a resume inside the padding batches restarted the round (QA: one
+        sample trained three times, another once)."""
+        self._padding_before = self.padding
         self.last: Sequence[int] | None = None  # the positions `batches` last counted
         self.lock = threading.Lock()
 
@@ -231,16 +237,18 @@ class Received:
                 self.batches -= 1
                 self.last = None
 
-    def padded(self) -> None:
+    def padded(self, padding: Padding) -> None:
         """A batch of repeats (`EpochBase.padding_batch`) is handed over: it counts as a
-        batch, its samples were delivered before."""
+        batch, its samples were delivered before; ``padding``: where the round now stands."""
         with self.lock:
             self.batches += 1
             self.last = None
+            self._padding_before, self.padding = self.padding, padding
 
     def unpadded(self) -> None:
         with self.lock:
             self.batches -= 1
+            self.padding = self._padding_before
 
     def delivered_positions(self) -> np.ndarray:
         with self.lock:
@@ -256,6 +264,8 @@ class Received:
         with self.lock:
             state = self.ledger.to_state(self.mode, self.batches)
             state[FAILED_STAGES] = dict(self.stage_failures)
+            if self.padding != Padding():
+                state[PADDING] = {"next": self.padding.next, "failed": sorted(self.padding.failed)}
             return state
 
     def failures_before(self, stages: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -281,6 +291,39 @@ class Received:
 
 FAILED_STAGES = "failed_stages"
 """The resume state's count of failed samples per stage (beside the ledger's positions)."""
+PADDING = "padding"
+"""The resume state's `Padding`, once a distributed epoch has padded (absent before)."""
+
+
+@dataclass(frozen=True)
+class Padding:
+    """`EpochBase.padding_batch`'s round: where in the epoch's delivered samples (ascending)
+    the next repeat comes from, and the positions whose repeat failed (passed over)."""
+
+    next: int = 0
+    failed: frozenset[int] = frozenset()
+
+
+def padding_of(state: Mapping[str, Any] | None, positions: int) -> Padding:
+    """A resume state's `Padding` (a fresh one when it has none)."""
+    if state is None or state.get(PADDING) is None:
+        return Padding()
+    entry = state[PADDING]
+    ok = isinstance(entry, Mapping) and _is_count(entry.get("next"))
+    failed = entry.get("failed") if ok else None
+    ok = ok and isinstance(failed, list)
+    ok = ok and all(_is_count(p) and p < positions for p in failed)  # type: ignore[union-attr]
+    if not ok:
+        raise ValueError(
+            f"state_dict field {PADDING!r} must be {{'next': int >= 0, 'failed': [positions "
+            f"below {positions}]}}, got {entry!r}"
+        )
+    return Padding(entry["next"], frozenset(failed))  # type: ignore[arg-type]
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
 
 _READ_STAGES = ("read", "fetch")
 
@@ -383,8 +426,7 @@ class EpochBase:
         if loader.augment is not None:
             self.load_sample = functools.partial(load_augmented, loader.augment)
         self.padding_batches = 0  # `padding_batch`es made by this pass
-        self.padding_next = 0  # where in the delivered samples the next repeat comes from
-        self.padding_failed: set[int] = set()  # positions that failed to repeat
+        self.padding_made = Padding()  # where the round stands after the last one made
         self.wait_deadline: float | None = None  # `check_wait`'s, for the current next()
         self.join_s = JOIN_TIMEOUT_S
         """How long `shutdown` waits for each pipeline's threads (shorter once a wait
@@ -698,7 +740,7 @@ class EpochBase:
                             # a training loop saves on KeyboardInterrupt, yet never
                             # trained on, and a resume would skip its samples.
                             if padding:  # its samples were delivered (and released)
-                                self.received.padded()
+                                self.received.padded(self.padding_made)
                             else:
                                 self.received.delivered(positions)
                                 # Last, so the bookkeeping above runs before the samples
@@ -808,13 +850,15 @@ class EpochBase:
         images = torch.empty((size, 3, out_h, out_w), dtype=getattr(torch, loader.dtype))
         rows, positions = as_numpy(images), list[int]()
         # Round and round the delivered samples, as many batches as it takes; one that
-        # fails now (its file gone since) is passed over from then on.
+        # fails now (its file gone since) is passed over from then on. Where the round
+        # stands is recorded as the batch is handed over (`Received.padded`).
+        cursor, failed = received.padding.next, set(received.padding.failed)
         for _ in range(delivered.size):
             if len(positions) == size:
                 break
-            position = int(delivered[self.padding_next % delivered.size])
-            self.padding_next += 1
-            if position in self.padding_failed:
+            position = int(delivered[cursor % delivered.size])
+            cursor += 1
+            if position in failed:
                 continue
             task = self.new_task(position, loader.source.key)
             try:
@@ -822,9 +866,10 @@ class EpochBase:
                 self.load(task, rows[len(positions)])  # with `augment`, as the first time
             except Exception as exc:
                 logger.warning("a repeat to pad the epoch failed: %s: %s", task.key, exc)
-                self.padding_failed.add(position)
+                failed.add(position)
                 continue
             positions.append(position)
+        self.padding_made = Padding(cursor, frozenset(failed))
         if not positions:  # ending short would leave the other ranks waiting for good
             raise RuntimeError(
                 f"rank {loader.sampler.rank} of {loader.sampler.world_size}: epoch "

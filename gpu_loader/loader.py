@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import logging
 import operator
 import os
@@ -619,7 +620,7 @@ class ImageLoader:
         active = self._epoch()
         if self._restored:  # loaded and not iterated yet: an older epoch's iterator may
             if self._resume is not None:  # still be alive, but this is the progress
-                state["batcher"] = self._resume
+                state["batcher"] = copy.deepcopy(self._resume)  # the caller's to change
         elif self._fresh_start_pending():
             pass  # the next pass starts the sampler's epoch from its beginning
         elif active is not None:
@@ -649,7 +650,10 @@ class ImageLoader:
                 "loader state must be the dict ImageLoader.state_dict() returned, got "
                 f"{type(state).__name__}"
             )
-        if state.get("version") != _STATE_VERSION:
+        # A copy, checked and kept: the caller's dict changed after this call (QA) changed
+        # the resume, past every check made here.
+        state = copy.deepcopy(dict(state))
+        if type(state.get("version")) is not int or state["version"] != _STATE_VERSION:
             raise ValueError(
                 f"unsupported loader state version {state.get('version')!r}; "
                 f"this gpu_loader writes version {_STATE_VERSION}"
@@ -669,6 +673,11 @@ class ImageLoader:
             raise ValueError(
                 f"loader state's epoch {state['sampler']['epoch']} is not below {EPOCH_LIMIT} "
                 "(per-sample random streams key on it); it was not written by this loader"
+            )
+        if not isinstance(state.get("epoch_done", False), bool):
+            # bool("false") is True: a str from a config store skipped the epoch (QA)
+            raise ValueError(
+                f"loader state's 'epoch_done' must be True or False, got {state['epoch_done']!r}"
             )
         resume = state.get("batcher")
         if resume is not None:

@@ -163,6 +163,16 @@ class Ledger:
                     self.delivered += count
                 else:
                     self.failed += count
+        # Each batch holds 1 to batch_size samples; past those, only a distributed epoch's
+        # padding batches, up to its batch count. A count out of these bounds made a rank
+        # yield more batches than len(loader), and the ranks would fall out of step (QA).
+        least = -(-self.delivered // self.plan.batch_size)
+        most = max(self.delivered, self.plan.num_batches)
+        if not least <= batches <= most:
+            raise ValueError(
+                f"state_dict field 'batches' is {batches} but {self.delivered} delivered "
+                f"samples in batches of at most {self.plan.batch_size} make {least} to {most}"
+            )
         return batches
 
 

@@ -584,6 +584,42 @@ def test_state_from_another_setting_is_refused(unique_list: FileList) -> None:
         make(unique_list, seed=2, drop_last=True).load_state_dict(state)
 
 
+def test_a_hand_edited_state_is_refused_at_load_and_a_loaded_one_is_a_copy(
+    unique_list: FileList,
+) -> None:
+    loader = make(unique_list, seed=2)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    assert state["batcher"]["batches"] == 2 and state["batcher"]["delivered"] == [[0, 16]]
+
+    def edited(**changes: Any) -> dict[str, Any]:
+        out = json.loads(json.dumps(state))
+        for key, value in changes.items():
+            target, _, field = key.rpartition("__")
+            (out[target] if target else out)[field] = value
+        return out
+
+    # bool("false") is True: a str from a config store skipped the whole epoch (QA).
+    with pytest.raises(ValueError, match="'epoch_done' must be True or False, got 'false'"):
+        make(unique_list, seed=2).load_state_dict(edited(epoch_done="false"))
+    with pytest.raises(ValueError, match="unsupported loader state version True"):
+        make(unique_list, seed=2).load_state_dict(edited(version=True))
+    # 16 samples in batches of 8 are 2 batches: 0 made a rank yield past len(loader) (QA).
+    for batches in (0, 1, 17):
+        with pytest.raises(ValueError, match=f"'batches' is {batches} but 16 delivered"):
+            make(unique_list, seed=2).load_state_dict(edited(batcher__batches=batches))
+    # Editing the dict after loading changed the resume, past every check (QA).
+    resumed = make(unique_list, seed=2)
+    resumed.load_state_dict(state)
+    state["batcher"]["delivered"] = [[0, len(unique_list)]]
+    assert resumed.state_dict()["batcher"]["delivered"] == [[0, 16]]
+    resumed.state_dict()["batcher"]["delivered"].append([20, 30])  # nor the one it returns
+    assert len(labels_of(run_epoch(resumed))) == len(unique_list) - 16
+
+
 def test_a_loader_built_before_init_process_group_refuses_to_iterate(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -690,6 +726,31 @@ def test_repeats_go_round_the_delivered_samples_as_often_as_it_takes(
     labels = labels_of(run_epoch(loader))
     good = [i for i in loader.sampler if i not in bad]
     assert len(good) == 3 and labels == [*good, *good, good[0]]
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_resume_inside_the_padding_goes_on_with_its_round(
+    photo_dir: Path, tmp_path: Path, batching: str
+) -> None:
+    # The round of repeats was not in the state: a checkpoint after the first padding
+    # batch resumed with that batch's sample again (QA: one sample three times, one once).
+    source, bad = bad_rank_1_list(photo_dir, tmp_path, 3)
+    kw: dict[str, Any] = {"batch_size": 1, "shuffle": False, "batching": batching}
+    kw |= {"max_failures": None, "world_size": 2, "rank": 1, "transform": EvalTransform(SIZE)}
+    whole = labels_of(run_epoch(make(source, **kw)))
+    loader = make(source, **kw)
+    it = iter(loader)
+    before = [int(next(it)[1][0]) for _ in range(len(loader) - 2)]  # one padding batch in
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["batcher"]["padding"]["next"] == 1
+    loader.close()
+    resumed = make(source, **kw)
+    resumed.load_state_dict(state)
+    after = labels_of(run_epoch(resumed))
+    good = [i for i in resumed.sampler if i not in bad]
+    assert whole[-3:] == good[:3]  # padded with the first three good samples
+    assert before[-1:] + after == good[:3]  # and the resumed round goes on from the second
+    assert sorted(before[:-1]) == sorted(good)  # (straggler mode: in its own order)
 
 
 def test_a_rank_with_nothing_to_repeat_says_so_instead_of_ending_short(
