@@ -292,16 +292,22 @@ class Sampler:
                 f"sampler state version {state.get('version')!r} is not {STATE_VERSION}; "
                 "it was written by an incompatible gpu_loader"
             )
-        self._check_order(state)  # first: a sampler's state differs in its settings too
-        for name, ours in (
+        dataset: tuple[tuple[str, object], ...] = (
             ("num_samples", self.num_samples),
             ("fingerprint", self.fingerprint),
+        )
+        for name, ours in dataset:  # another dataset: said as such, not as another order
+            if state.get(name) != ours:
+                raise ValueError(_mismatch(name, state.get(name), ours))
+        self._check_order(state)  # next: a sampler's state differs in its settings too
+        settings: tuple[tuple[str, object], ...] = (
             ("seed", self.seed),
             ("world_size", self._world_size),
             ("shuffle", self.shuffle),
             ("drop_last", self.drop_last),
             ("weights", self.weights_digest),  # absent in states from before weights
-        ):
+        )
+        for name, ours in settings:
             if state.get(name) != ours:
                 raise ValueError(_mismatch(name, state.get(name), ours))
         _check_int("epoch", state["epoch"], 0)

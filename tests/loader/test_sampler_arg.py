@@ -183,6 +183,10 @@ def test_a_resume_with_another_order_is_refused(unique_list: FileList) -> None:
     loader.close()
     with pytest.raises(ValueError, match="another order for epoch 0"):
         make(unique_list, sampler=list(range(20, 40))).load_state_dict(state)
+    # Another dataset is said as such: it got the advice about samplers that draw afresh.
+    fewer = FileList([(unique_list.key(i), i) for i in range(len(unique_list) - 1)])
+    with pytest.raises(ValueError, match="from a dataset of a different size"):
+        make(fewer, sampler=list(range(19))).load_state_dict(state)
     with pytest.raises(ValueError, match="saved by a loader with `sampler=`"):
         make(unique_list).load_state_dict(state)
     plain = make(unique_list)
