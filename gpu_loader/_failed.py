@@ -27,3 +27,14 @@ class FailedSample:
     """``ExceptionType: message``."""
     epoch: int
     """The epoch it failed in."""
+
+
+def shown_key(key: str) -> str:
+    """A key as the commands' listings print it: as it is, or quoted (``repr``) when it
+    holds a newline or another character that cannot be printed (QA: a key with a newline
+    split its line of a listing in two), or a name that is not UTF-8 (its surrogates)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return repr(key)
+    return key if key.isprintable() else repr(key)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import gpu_loader
+from gpu_loader._failed import shown_key
 from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
@@ -477,7 +478,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     files = "file" if total == 1 else "files"
     print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     for b in bad:
-        print(f"  {b.key}: {b.stage}: {b.error}")
+        print(f"  {shown_key(b.key)}: {b.stage}: {b.error}")
     unlisted = []
     if args.good_list is not None:
         rows = io.StringIO(newline="")

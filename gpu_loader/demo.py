@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpu_loader._failed import shown_key
+
 if TYPE_CHECKING:
     import torch
 
@@ -82,7 +84,9 @@ def run_demo(
         lines += ["", reading]
     if failed:
         lines += ["", f"failed samples ({len(failed)}):"]
-        lines += [f"  {f.key}  [{f.stage}, epoch {f.epoch}] {f.error}" for f in failed[:20]]
+        lines += [
+            f"  {shown_key(f.key)}  [{f.stage}, epoch {f.epoch}] {f.error}" for f in failed[:20]
+        ]
         if len(failed) > 20:
             lines.append(f"  ... and {len(failed) - 20} more")
     settings = {

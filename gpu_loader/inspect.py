@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_loader._failed import shown_key
+
 if TYPE_CHECKING:
     from gpu_loader.sources import SampleIndex
 
@@ -278,7 +280,7 @@ def format_bad_files(index: SampleIndex, bad: dict[int, str], sampled: int, limi
     shown = "<0.1%" if share < 0.001 else f"{share:.2%}" if share < 0.1 else f"{share:.1%}"
     lines = ["", f"bad files ({len(bad)} of {sampled} sampled, {shown}; {verdict}):"]
     for i in sorted(bad)[:limit]:
-        lines.append(f"  {index.key(i)}: {bad[i]}")
+        lines.append(f"  {shown_key(index.key(i))}: {bad[i]}")
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more")
     return "\n".join(lines)

@@ -278,6 +278,24 @@ def test_verify_leaves_names_a_csv_cannot_hold_out_of_its_list_and_says_so(
     assert len(listed) == 40 and not any("caf" in listed.key(i) for i in range(40))
 
 
+def test_a_key_with_a_newline_keeps_its_listing_line_whole(tiny: Path, tmp_path: Path) -> None:
+    # A bad file named "x\ny.jpg" split its line of the listing in two (QA): quoted now.
+    import shutil
+
+    data = shutil.copytree(tiny, tmp_path / "data")
+    folder = sorted(data.rglob("*.jpg"))[0].parent
+    (folder / "x\ny.jpg").write_bytes(b"not an image")
+    result = run("verify", "--data", str(data), cache=tmp_path)
+    assert result.returncode == 1 and "1 bad" in result.stdout, result.stderr
+    listed = [line for line in result.stdout.splitlines() if "y.jpg" in line]
+    assert len(listed) == 1 and listed[0].startswith("  '"), result.stdout
+    assert listed[0].split(": ")[0].endswith("x\\ny.jpg'")
+    demo = run("demo", "--data", str(data), "--max-failures", "none", cache=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    listed = [line for line in demo.stdout.splitlines() if "y.jpg" in line]
+    assert listed and all(line.split("  [")[0].endswith("x\\ny.jpg'") for line in listed)
+
+
 def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path: Path) -> None:
     from gpu_loader.cli import _write_whole
 
