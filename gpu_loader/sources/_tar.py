@@ -162,7 +162,12 @@ def _refuse_repeats(shards: Sequence[str]) -> None:
 def _identity(shard: str) -> object:
     """What names one shard however it is spelled: a local file's device and inode (a
     symlink or a hard link to it is the same file), else the URL as fsspec resolves it
-    (``memory://a/s.tar``, ``memory:///a/s.tar`` and ``memory://a/./s.tar`` are one)."""
+    (``memory://a/s.tar``, ``memory:///a/s.tar`` and ``memory://a/./s.tar`` are one).
+    A local cache in front of a shard (``simplecache::``) does not make it another one."""
+    links = shard.split("::") if _io.chained(shard) else [shard]
+    while len(links) > 1 and links[0].partition("://")[0] in _CACHE_LINKS:
+        links = links[1:]
+    shard = "::".join(links)
     path = _io.local_path(shard)
     if path is not None:
         try:
@@ -175,6 +180,10 @@ def _identity(shard: str) -> object:
     except Exception:  # no such protocol, say: reported when the shard is opened
         return shard
     return fs, inner
+
+
+# fsspec's caching file systems: a link of these in front of a URL names the same data.
+_CACHE_LINKS = frozenset({"simplecache", "filecache", "blockcache", "cached"})
 
 
 def expand_urls(pattern: str) -> list[str]:

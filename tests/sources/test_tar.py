@@ -158,10 +158,13 @@ def test_one_memory_shard_spelled_two_ways_is_refused(
     fs, base = memfs
     fs.pipe_file(f"{base}/s.tar", shard_bytes([("x", "jpg", image_bytes(0), 0)]))
     url = f"memory://{base.lstrip('/')}/s.tar"
-    for other in (f"memory:///{base.lstrip('/')}/s.tar", f"memory://{base.lstrip('/')}/./s.tar"):
+    others = [f"memory:///{base.lstrip('/')}/s.tar", f"memory://{base.lstrip('/')}/./s.tar"]
+    others.append(f"simplecache::{url}")  # a cache in front is the same shard
+    for other in others:
         with pytest.raises(ValueError, match="names one shard twice"):
             TarShards([url, other])
     assert len(TarShards([url])) == 1
+    assert len(TarShards([f"simplecache::{url}"])) == 1
 
 
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
