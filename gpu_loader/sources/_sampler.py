@@ -519,6 +519,11 @@ class IterableSampler(Sampler):
                 "digest of the epoch's order): resume with the same settings"
             )
         _check_int("epoch", state["epoch"], 0)
+        if state.get("rank") != self._rank:
+            # Another rank's order, which this one's never equals: a state taken between
+            # epochs is shared by every rank (QA: refused here, as a sampler that draws
+            # afresh), and one with progress is refused by the loader as that rank's.
+            return
         ours = _digest(self._order_for(int(state["epoch"])))
         if self._set_epoch is not None and int(state["epoch"]) != self._epoch:
             self._set_epoch(self._epoch)  # leave the sampler at this loader's epoch

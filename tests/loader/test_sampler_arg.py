@@ -70,6 +70,30 @@ def test_a_distributed_sampler_gives_each_rank_its_share_each_epoch(
     assert epochs[0] != epochs[1]
 
 
+def test_a_state_taken_between_epochs_is_shared_by_the_ranks_of_a_distributed_sampler(
+    unique_list: FileList,
+) -> None:
+    # Rank 0's state, saved between epochs and loaded on every rank (the usual pattern),
+    # was refused on rank 1 as "another order", blaming samplers that draw afresh (QA).
+    def sampler(rank: int) -> DistributedSampler[int]:
+        return DistributedSampler(unique_list, num_replicas=2, rank=rank, shuffle=True, seed=7)
+
+    first = make(unique_list, sampler=sampler(0))
+    labels(first)
+    ended = first.state_dict()
+    it = iter(first)
+    next(it)
+    mid = first.state_dict()  # rank 0's progress through epoch 1
+    first.close()
+    other = make(unique_list, sampler=sampler(1))
+    other.load_state_dict(ended)
+    expected = sampler(1)
+    expected.set_epoch(1)
+    assert labels(other) == list(expected)  # epoch 1, rank 1's share
+    with pytest.raises(ValueError, match="records rank 0's progress through epoch 1"):
+        make(unique_list, sampler=sampler(1)).load_state_dict(mid)
+
+
 class EpochDraws:
     """Draws with replacement whose order is a function of the epoch (set_epoch)."""
 
