@@ -58,7 +58,9 @@ def test_state_is_compact_ranges() -> None:
         while b.pop() is not None:
             pass
     state = b.state_dict()
-    assert state["delivered"] == [[0, 7], [8, 901]]
+    # 899 of the 900 ready samples: the failure left one place of a batch empty (as in
+    # ordered mode), and 225 batches hold 4 * 225 - 1.
+    assert state["delivered"] == [[0, 7], [8, 900]]
     assert state["failed"] == [[7, 8]]
     assert state["batches"] == 900 // 4
     assert len(json.dumps(state)) < 300
