@@ -114,7 +114,9 @@ class LoaderOptions:
     monitor_gpu: bool = True
     """Sample NVML GPU utilisation (the loader's GPU, or all GPUs on the CPU path)."""
     log_jsonl: str | None = None
-    """Append a `stats().as_dict()` line to this file every `log_interval_s` seconds."""
+    """Append a `stats().as_dict()` line to this file every `log_interval_s` seconds,
+    with ``time_unix``, ``epoch``, ``rank``, ``world_size``, ``host`` and ``pid``, so that
+    lines of several ranks or runs can be merged and told apart."""
     log_interval_s: float = 10.0
     """Seconds between JSON-lines snapshots; at least 0.1 (each line builds a full
     `stats()` in a thread that shares the GIL with the loader)."""
@@ -820,6 +822,20 @@ class ImageLoader:
             self._stats_at_close = None
         return self._monitor
 
+    def _log_fields(self) -> dict[str, int | float | str]:
+        """The loader's own keys on each JSON line: its epoch, and what tells one
+        process's lines from another's when ranks or runs share a file or are merged (QA:
+        two ranks' lines could not be told apart)."""
+        import socket
+
+        return {
+            "epoch": self.epoch,
+            "rank": self.sampler.rank,
+            "world_size": self.sampler.world_size,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
     def _start_monitoring(self) -> None:
         """Start the monitor's samplers (and the JSON-lines logger) for an epoch."""
         monitor = self._monitor_for_epoch()
@@ -828,7 +844,7 @@ class ImageLoader:
                 self.options.log_jsonl,
                 self.options.log_interval_s,
                 source=self.stats,
-                fields=lambda: {"epoch": self.epoch},
+                fields=self._log_fields,
             )
         monitor.start()
         if self._logger is not None:

@@ -1,7 +1,9 @@
 """JsonlLogger: periodic ``LoaderStats.as_dict()`` snapshots, one JSON object per line.
 
-Each line is the flat dict plus ``"time_unix"`` (seconds since the epoch) so lines from
-several runs or ranks can be merged, and an ImageLoader's ``"epoch"``. The file is
+Each line is the flat dict plus ``"time_unix"`` (seconds since the epoch) and the
+``fields`` given: an ImageLoader adds ``"epoch"``, ``"rank"``, ``"world_size"``,
+``"host"`` and ``"pid"``, so that lines from several runs or ranks can be merged and
+told apart. The file is
 appended to and flushed per line, so a crash loses at most the line being written. A
 final line is written at ``close()``.
 """

@@ -798,6 +798,28 @@ def test_a_checkpoint_among_the_repeats_resumes_the_rest_of_them(
     assert len(taken) + len(rest) == len(loader)
 
 
+def test_each_stats_line_says_which_rank_and_process_wrote_it(
+    unique_list: FileList, tmp_path: Path
+) -> None:
+    # Two ranks logging to one file (or files merged later) gave lines no one could tell
+    # apart, though the docs said they could be merged (QA).
+    import os
+    import socket
+
+    path = tmp_path / "stats.jsonl"
+    options = gl.LoaderOptions(log_jsonl=str(path), monitor_gpu=False)
+    for rank in (0, 1):
+        loader = make(unique_list, rank=rank, world_size=2, batch_size=8, options=options)
+        run_epoch(loader)
+        loader.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {line["rank"] for line in lines} == {0, 1}
+    assert all(line["world_size"] == 2 and line["epoch"] == 0 for line in lines)
+    assert all(
+        line["host"] == socket.gethostname() and line["pid"] == os.getpid() for line in lines
+    )
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
 def test_a_full_disk_under_the_stats_log_does_not_stop_training(unique_list: FileList) -> None:
     # Closing the log at an epoch's end flushed what a failed write had left and raised
