@@ -979,9 +979,42 @@ static int is_other_sof(int m) {
     return m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
 }
 
+/* The orientation of the Exif block Pillow reads from several APP1 Exif segments before the
+   scan (_formats._with_exif_segment): their payloads after "Exif\0\0", joined (``total``
+   bytes). -1 when the copy cannot be made (the caller steps aside to the Python walk). */
+static int joined_exif_orientation(const uint8_t *v, size_t end, size_t total) {
+    if (total == 0) return 1;
+    uint8_t *joined = malloc(total);
+    if (joined == NULL) return -1;
+    size_t pos = 2, filled = 0;
+    while (pos + 4 <= end && v[pos] == 0xFF) {
+        const int marker = v[pos + 1];
+        if (marker == 0xFF) {
+            pos += 1;
+            continue;
+        }
+        if (marker == 0xD8 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
+            pos += 2;
+            continue;
+        }
+        const size_t length = (size_t)v[pos + 2] << 8 | v[pos + 3];
+        if (length < 2 || pos + 2 + length > end || marker == 0xDA) break;
+        const size_t at = pos + 4, size = length - 2;
+        if (marker == 0xE1 && at + 6 <= end && memcmp(v + at, "Exif\0", 6) == 0 && size > 6) {
+            memcpy(joined + filled, v + at + 6, size - 6);
+            filled += size - 6;
+        }
+        pos += 2 + length;
+    }
+    const int orientation = tiff_orientation(joined, filled);
+    free(joined);
+    return orientation;
+}
+
 static int jpeg_header_read(const uint8_t *v, size_t end, JpegHeader *h) {
     size_t pos = 2, frame = 0; /* frame: data offset of the frame header, 0 when none yet */
-    int jfif = 0, adobe = -1, orientation = 1, exif_seen = 0;
+    int jfif = 0, adobe = -1, orientation = 1, exif_segments = 0;
+    size_t exif_at = 0, exif_size = 0, exif_total = 0; /* the first; all payloads' bytes */
     while (pos + 4 <= end) {
         if (v[pos] != 0xFF) return 0;
         const int marker = v[pos + 1];
@@ -1006,15 +1039,23 @@ static int jpeg_header_read(const uint8_t *v, size_t end, JpegHeader *h) {
             jfif = 1;
         } else if (marker == 0xEE && size >= 12 && memcmp(v + at, "Adobe", 5) == 0) {
             adobe = v[at + 11];
-        } else if (marker == 0xE1 && !exif_seen && at + 6 <= end &&
-                   memcmp(v + at, "Exif\0", 6) == 0) {
+        } else if (marker == 0xE1 && at + 6 <= end && memcmp(v + at, "Exif\0", 6) == 0) {
             /* As the Python slice: the 6 bytes are read even past a shorter segment. */
-            exif_seen = 1;
-            orientation = size > 6 ? tiff_orientation(v + at + 6, size - 6) : 1;
+            if (exif_segments++ == 0) {
+                exif_at = at;
+                exif_size = size;
+            }
+            exif_total += size > 6 ? size - 6 : 0;
         }
         pos += 2 + length;
     }
     if (!(pos + 4 <= end) || !frame) return 0; /* no scan (truncated), or no frame */
+    if (exif_segments == 1 && exif_size > 6) {
+        orientation = tiff_orientation(v + exif_at + 6, exif_size - 6);
+    } else if (exif_segments > 1) {
+        orientation = joined_exif_orientation(v, end, exif_total);
+        if (orientation < 0) return 0;
+    }
     const long height = (long)v[frame + 1] << 8 | v[frame + 2];
     const long width = (long)v[frame + 3] << 8 | v[frame + 4];
     const int count = v[frame + 5];

@@ -217,7 +217,7 @@ def test_native_walk_matches_python_on_odd_exif_blocks(
     for name, segment_bytes in blocks.items():
         data = plain[:2] + segment_bytes + plain[2:]
         second = plain[:2] + segment_bytes + exif_segment(tiff(order, [(0x0112, 3, 8)])) + plain[2:]
-        for variant in (data, second):  # the first Exif segment wins
+        for variant in (data, second):  # two Exif segments: joined, as Pillow joins them
             assert native_header(variant) == python_walk(variant), name
     assert native_header(plain[:2] + blocks["orientation 6"] + plain[2:])[3] == 6  # type: ignore[index]
 
@@ -422,6 +422,42 @@ def encoded(typ: int, value: int, end: str, denominator: int) -> bytes:
         return struct.pack(end + "II", value * max(denominator, 1), denominator)
     fmt = _NUMBER_FORMATS.get(typ)
     return bytes([value]) if fmt is None else struct.pack(end + fmt, value)
+
+
+@needs_pillow_13
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_several_exif_segments_are_joined_as_pillow_joins_them(
+    image: np.ndarray, order: bytes, native_header: Callable[[bytes], object]
+) -> None:
+    # Pillow joins every APP1 Exif segment before the scan (a block over 64 KiB must be
+    # split); both walks read the first only, so an empty or cut first one turned
+    # nothing (QA).
+    from PIL import ImageOps
+
+    end = "<" if order == b"II" else ">"
+    plain = pillow_jpeg(image)
+    make = (0x010F, 2, 8, b"Camera\x00\x00")  # stored after the directory
+    six = entries_block(order, [make, (0x0112, 3, 1, struct.pack(end + "H", 6))])
+    eight = entries_block(order, [(0x0112, 3, 1, struct.pack(end + "H", 8))])
+    cases = {
+        "empty, then a block": ([b"", six], 6),
+        "a block split in two": ([six[:20], six[20:]], 6),
+        "split in three": ([six[:9], six[9:30], six[30:]], 6),
+        "the first read decides": ([six, eight], 6),
+        "a block, then an empty one": ([eight, b""], 8),
+    }
+    for name, (parts, want) in cases.items():
+        data = plain[:2] + b"".join(exif_segment(part) for part in parts) + plain[2:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                said = im.getexif().get(0x0112)
+                turned = ImageOps.exif_transpose(im).size
+        assert said == want, name  # the premise: Pillow's own reading
+        assert turned == ((37, 53) if want >= 5 else (53, 37)), name
+        native = native_header(data)
+        assert native is not None and native[3] == want, name  # type: ignore[index]
+        assert jpeg_orientation(data) == want and python_walk(data) == native, name
 
 
 @needs_pillow_13

@@ -55,6 +55,7 @@ def cases() -> list[bytes]:
     out.append(bytes(simplejpeg.encode_jpeg(grey.astype(np.uint8), quality=90, colorspace="GRAY")))
     out.append(with_exif(out[3]))
     out.append(with_odd_exif(out[3]))
+    out.append(with_odd_exif(out[3], split=21))  # the block in two segments, joined
     return out
 
 
@@ -68,14 +69,19 @@ def with_exif(jpeg: bytes) -> bytes:
     return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + jpeg[2:]
 
 
-def with_odd_exif(jpeg: bytes) -> bytes:
+def with_odd_exif(jpeg: bytes, split: int | None = None) -> bytes:
     """``jpeg`` with a doubled Exif prefix, big-endian, an Orientation of an unknown type,
-    then one that is a DOUBLE stored out of line, ending exactly where the block does."""
+    then one that is a DOUBLE stored out of line, ending exactly where the block does;
+    with ``split``, the block cut there into two APP1 Exif segments."""
     entries = struct.pack(">HHII", 0x0112, 14, 1, 0) + struct.pack(">HHII", 0x0112, 12, 1, 38)
     tiff = b"MM\x00*" + struct.pack(">IH", 8, 2) + entries + b"\x00" * 4  # 38 bytes
-    tiff += struct.pack(">d", 6.0)
-    segment = b"Exif\x00\x00" * 2 + tiff
-    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(segment) + 2) + segment + jpeg[2:]
+    block = b"Exif\x00\x00" + tiff + struct.pack(">d", 6.0)
+    parts = [block] if split is None else [block[:split], block[split:]]
+    segments = b""
+    for part in parts:
+        body = b"Exif\x00\x00" + part
+        segments += b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body
+    return jpeg[:2] + segments + jpeg[2:]
 
 
 @pytest.mark.slow
