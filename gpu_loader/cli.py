@@ -518,21 +518,53 @@ def _utf8(text: str) -> bool:
 
 def _write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    over it, so a run that stops midway never leaves a list that looks complete."""
+    over it, so a run that stops midway never leaves a list that looks complete. A path
+    that is no regular file (``/dev/stdout``, a FIFO, a ``/proc`` descriptor) is written
+    in place, as ``open()`` writes it (QA: renamed over, ``/dev/stdout`` became a file for
+    every process); a link's file is replaced, the link kept, and a file keeps its mode."""
+    import stat
     import tempfile
 
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        umask = os.umask(0o022)  # read it (the commands run no threads of their own here)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        st: os.stat_result | None = os.stat(path)  # through links, as open() goes
+    except FileNotFoundError:
+        st = None
+    try:
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            return
+        target = os.path.realpath(path)
+        fd, temporary = tempfile.mkstemp(prefix=".gpu-loader-", dir=os.path.dirname(target))
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}", EXIT_FAILED) from None
+    try:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-        os.replace(temporary, path)
-    except BaseException:
+        os.replace(temporary, target)
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise CliError(f"cannot write {path}: {exc.strerror or exc}", EXIT_FAILED) from None
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it process-wide for
+    a moment, under any thread making a file then); set and restored where Linux's
+    /proc/self/status does not say it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -308,6 +308,47 @@ def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path: Path) -> No
     _write_whole(target, "path,label\nnew.jpg,1\n")
     assert target.read_text() == "path,label\nnew.jpg,1\n"
     assert target.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    fresh = tmp_path / "fresh.json"
+    _write_whole(fresh, "[]")
+    assert fresh.read_text() == "[]" and fresh.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def test_an_output_path_that_is_no_regular_file_is_written_into_not_replaced(
+    tmp_path: Path,
+) -> None:
+    # Renamed over, --json /dev/stdout turned /dev/stdout into a file for every process on
+    # the machine (QA, as root); a FIFO's reader waited for good; a link became a file.
+    import stat
+    import threading
+
+    from gpu_loader.cli import CliError, _write_whole
+
+    private = tmp_path / "private.csv"
+    private.write_text("old")
+    private.chmod(0o600)
+    link = tmp_path / "link.csv"
+    link.symlink_to(private)
+    _write_whole(link, "new")
+    assert link.is_symlink() and private.read_text() == "new"
+    assert private.stat().st_mode & 0o777 == 0o600  # its mode kept, not widened
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    _write_whole(fifo, "[1, 2]")
+    reader.join(timeout=10)
+    assert got == ["[1, 2]"] and fifo.is_fifo()
+    null = tmp_path / "null"  # a stand-in for /dev/null (never the real one: a regression
+    try:  # would replace it for the whole machine)
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pass  # no CAP_MKNOD: the FIFO stands for devices
+    else:
+        _write_whole(null, "gone")
+        assert null.is_char_device()
+    with pytest.raises(CliError, match=r"cannot write .*missing/x\.csv"):
+        _write_whole(tmp_path / "missing" / "x.csv", "x")
 
 
 def _umask() -> int:
