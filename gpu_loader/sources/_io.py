@@ -205,7 +205,9 @@ def url_affixes(root: str) -> tuple[str, str]:
                 )
                 rest = links[k + 1 :]
                 return head, "::" + "::".join(rest) if rest else ""
-    return (root if root.endswith("://") else root.rstrip("/") + "/"), ""  # memory:// stays
+    if not root.partition("://")[2].strip("/"):  # a file system's root: memory://,
+        return root, ""  # memory:/// (QA: stripped to memory:/, whose keys named nothing)
+    return root.rstrip("/") + "/", ""
 
 
 def url_parent(url: str) -> str:
