@@ -350,20 +350,37 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
 
 
 def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
-    """After tar's end-of-archive marker come zeros only (the marker's second block and
-    the record's padding). tarfile takes one zero block as the end, so a header zeroed in
-    place, or shards joined with ``cat``, lost every member after it with no error (QA)."""
-    at = end + tarfile.BLOCKSIZE
-    while chunk := f.read(1 << 16):
-        if chunk.count(0) != len(chunk):
-            data = at + next(i for i, b in enumerate(chunk) if b)
-            raise ValueError(
-                f"tar shard {shard!r} has data at byte {data:,} of {size:,}, after the "
-                f"end-of-archive marker at byte {end:,}: tar files joined with cat, or a "
-                "member header zeroed in place; the members after it cannot be indexed "
-                "(`tar --ignore-zeros` reads joined files: extract and rewrite the shard)"
-            )
-        at += len(chunk)
+    """tarfile takes one zero block as the end of the archive, so a header zeroed in
+    place, or shards joined with ``cat``, lost every member after it with no error (QA).
+    The end is two zero blocks; what follows them is the record's padding, which POSIX
+    leaves undefined (QA: refusing any non-zero byte there refused conforming archives),
+    so only a block there that reads as a member header is refused."""
+    second = f.read(tarfile.BLOCKSIZE)
+    if second and second.count(0) != len(second):
+        where = "a member header zeroed in place"
+    else:
+        at = end + 2 * tarfile.BLOCKSIZE
+        while len(block := f.read(tarfile.BLOCKSIZE)) == tarfile.BLOCKSIZE:
+            if block.count(0) != len(block) and _is_header(block):
+                break
+            at += tarfile.BLOCKSIZE
+        else:
+            return
+        where = f"tar files joined with cat (a member header at byte {at:,})"
+    raise ValueError(
+        f"tar shard {shard!r} goes on past its end-of-archive marker at byte {end:,} of "
+        f"{size:,}: {where}; the members after it cannot be indexed (`tar --ignore-zeros` "
+        "reads joined files: extract and rewrite the shard)"
+    )
+
+
+def _is_header(block: bytes) -> bool:
+    """Whether a 512-byte block reads as a tar member header (its checksum holds)."""
+    try:
+        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
 
 
 # Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).
