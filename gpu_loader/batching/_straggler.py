@@ -33,9 +33,9 @@ class StragglerBatcher(BatcherBase[T]):
       have completed, the tail is emitted, the last batch short when ``n - failed`` is not a
       multiple of ``B``.
     * Failures do not change the number of batches (ranks of a distributed job must step
-      together): each failure leaves one place of a batch empty (the next batch formed
-      is short by the failures not yet left empty, never below one sample, as ordered
-      mode's batch that lost them is), and batches are cut below ``B`` where needed so
+      together): each failure leaves one place of a batch empty, as in ordered mode,
+      though not necessarily in the batch that lost it (the next batch formed is short
+      by the failures not yet left empty, never below one sample), and batches are cut below ``B`` where needed so
       that every nominal batch is still emitted, while at least as many samples are left
       as batches owed. The batch
       before the last waits while every sample left for the last one is still running,

@@ -33,7 +33,8 @@ class JsonlLogger(PeriodicThread):
     """Writes ``source().as_dict()`` to ``path`` every ``interval_s`` on a daemon thread.
 
     ``source`` is usually ``loader.stats``; without one, call :meth:`write` yourself.
-    ``fields`` adds keys to each line (the loader adds its ``epoch``).
+    ``fields`` adds keys to each line (the loader adds its epoch, rank, world size, host
+    and pid).
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class JsonlLogger(PeriodicThread):
                 "create it first"
             )
         self._source = source
-        self._fields = fields  # more keys for each line (the loader's epoch)
+        self._fields = fields  # more keys for each line (the loader's epoch, rank, ...)
         self._write_lock = threading.Lock()
         # Opened on the first line, so a logger that never writes leaves no open file.
         self._file: TextIO | None = None

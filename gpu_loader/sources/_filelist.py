@@ -149,6 +149,11 @@ def _rows(reader: Iterator[list[str]], location: str) -> Iterator[list[str]]:
                     f"CSV {location!r} line {start}: a quote opened in this row is never "
                     f"closed (the file ends inside it, at line {line})"
                 ) from None
+            if "expected after '\"'" in str(exc):  # strict: '"a b.jpg" ,1'
+                raise ValueError(
+                    f"CSV {location!r} line {line}: text after a quoted field's closing "
+                    'quote (a quote inside a field is written twice: "a ""b"".jpg")'
+                ) from None
             raise ValueError(f"CSV {location!r} line {line}: {exc}") from None
         yield row
 

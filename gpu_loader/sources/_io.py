@@ -210,6 +210,15 @@ def url_affixes(root: str) -> tuple[str, str]:
     return root.rstrip("/") + "/", ""
 
 
+def path_link(url: str) -> str:
+    """The link of a chained URL that holds its path (``zip://l/t.csv::s3://b/z.zip`` ->
+    ``zip://l/t.csv``; ``simplecache::s3://b/s.tar`` -> ``s3://b/s.tar``); ``url`` itself
+    when it is not chained. What names the file, its extension included."""
+    if not chained(url):
+        return url
+    return next((link for link in url.split("::") if "://" in link), url)
+
+
 def url_parent(url: str) -> str:
     """The URL of the folder ``url`` names a file in (``memory://a/l.csv`` -> ``memory://a``;
     in a chained URL, the link that holds the path: ``zip://l/t.csv::s3://b/z.zip`` ->

@@ -25,14 +25,16 @@ def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
     # A folder or list named with braces ("x{a,b}") is not a pattern.
     literal = "{" in location and _exists(location)
     shards = [location] if literal else expand_urls(location)
-    if all(s.lower().endswith(_TAR_SUFFIXES) for s in shards):
+    # By the link naming the file: a CSV inside a zip (zip://l.csv::s3://b/z.zip) was taken
+    # for a folder, "not a folder" (QA).
+    if all(_io.path_link(s).lower().endswith(_TAR_SUFFIXES) for s in shards):
         return TarShards(shards)  # a compressed one is refused there, saying why
     if len(shards) > 1:
         raise ValueError(
             f"the brace pattern {location!r} expands to several paths that are not all .tar "
             "shards; only tar shards can be given as a pattern"
         )
-    if location.lower().endswith(".csv"):
+    if _io.path_link(location).lower().endswith(".csv"):
         return FileList.from_csv(location)
     return ImageFolder(location)
 

@@ -282,14 +282,14 @@ def _scan_named(shard: str) -> tuple[list[_Entry], _io.Stamp | None]:
     credentials error that is no OSError) did not say which of the shards failed (QA)."""
     try:
         return _scan_shard(shard)
-    except (ValueError, ImportError, MemoryError):  # ours name it; "Install s3fs ..."
+    except (ImportError, MemoryError):  # "Install s3fs to ..."; the machine's
         raise
     except Exception as exc:
-        if shard in str(exc):
+        if shard in str(exc):  # ours name it
             raise
         said = f"tar shard {shard!r} could not be read: {type(exc).__name__}: {exc}".rstrip(": ")
-        try:  # an OSError keeps its kind (FileNotFoundError, TimeoutError, ...)
-            named = type(exc)(said) if isinstance(exc, OSError) else OSError(said)
+        try:  # an OSError or ValueError keeps its kind (FileNotFoundError, TimeoutError, ...)
+            named = type(exc)(said) if isinstance(exc, OSError | ValueError) else OSError(said)
         except Exception:
             named = OSError(said)
         raise named from exc

@@ -117,6 +117,7 @@ def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
         ('path,label\n"a\nb.jpg",1\nc.jpg,x\n', "line 4: label 'x'"),  # lines, not rows
         # A quote left open took every later row into one path, with no error.
         ('label,path\n0,"a.jpg\n1,b.jpg\n2,c.jpg\n', "line 2: a quote .* never closed"),
+        ('path,label\n"a b.jpg" ,1\n', "line 2: text after a quoted field's closing quote"),
         ("path,label\na.jpg,\uff13\n", "line 2: label '\uff13' is not an integer"),
     ],
 )
@@ -214,6 +215,10 @@ def test_a_csv_inside_a_zip_reads_its_paths_inside_it(
     assert top.key(0) == f"zip://imgs/b.png::{archive_url}" and top.read(0) == png
     rooted = FileList([("imgs/a.jpg", 0)], root=f"zip://::{archive_url}")
     assert rooted.read(0) == jpg
+    from gpu_loader.sources import open_index  # what --data and ImageLoader(str) take
+
+    opened = open_index(f"zip://lists/train.csv::{archive_url}")  # was taken for a folder
+    assert isinstance(opened, FileList) and opened.read(1) == png
 
 
 def test_fingerprint_depends_on_keys_and_labels() -> None:

@@ -431,6 +431,8 @@ class _FailingRead(io.BytesIO):
             raise TimeoutError("read timed out")
         if self.reads >= 3 and self.kind == "runtime":
             raise RuntimeError("connection pool closed")
+        if self.reads >= 3 and self.kind == "value":
+            raise ValueError("bad byte range")
         return super().read(size)
 
 
@@ -455,13 +457,15 @@ def test_a_filesystem_failing_mid_scan_is_named_by_shard(shards: list[Path]) -> 
 
     fsspec.register_implementation("failscan", FailingFS, clobber=True)
     fs = fsspec.filesystem("failscan")
-    for name in ("ok", "timeout", "runtime"):
+    for name in ("ok", "timeout", "runtime", "value"):
         fs.pipe_file(f"/s/{name}.tar", shards[0].read_bytes())
     assert len(TarShards("failscan://s/ok.tar")) == len(TarShards([str(shards[0])]))
     with pytest.raises(TimeoutError, match=r"tar shard 'failscan://s/timeout\.tar' .*timed out"):
         TarShards("failscan://s/{ok,timeout}.tar")
     with pytest.raises(OSError, match=r"'failscan://s/runtime\.tar' .*RuntimeError: connection"):
         TarShards("failscan://s/{ok,runtime}.tar")
+    with pytest.raises(ValueError, match=r"'failscan://s/value\.tar' .*ValueError: bad byte"):
+        TarShards("failscan://s/{ok,value}.tar")
 
 
 def test_truncated_shard_after_indexing_names_the_key(shards: list[Path]) -> None:
