@@ -301,7 +301,8 @@ def bmp_for_opencv(data: bytes | memoryview) -> bool:
     (colours,) = struct.unpack("<I", view[46:50])
     if bits == 16:
         return False  # OpenCV widens 5 bits by a shift (31 -> 248), Pillow to 255 (QA)
-    return compression in (0, 1, 2, 3, 6) and (bits > 8 or colours <= 1 << bits)
+    # Not 6 (BI_ALPHABITFIELDS): OpenCV prints a failed assertion, then refuses it (QA).
+    return compression in (0, 1, 2, 3) and (bits > 8 or colours <= 1 << bits)
 
 
 def webp_damage(data: bytes | memoryview) -> str | None:

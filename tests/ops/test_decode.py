@@ -429,6 +429,13 @@ def test_a_bmp_whose_rows_start_inside_its_headers_is_refused(image: np.ndarray)
         struct.pack_into("<I", cut, 10, offset)
         with pytest.raises(DecodeError, match=f"pixel data offset {offset} points inside"):
             decode(bytes(cut), key="shifted.bmp")
+    alpha = bytearray(masked)  # BI_ALPHABITFIELDS: four masks, bytes 54-69
+    struct.pack_into("<I", alpha, 30, 6)
+    struct.pack_into("<I", alpha, 10, 66)
+    with pytest.raises(DecodeError, match=r"pixel data offset 66 points inside .*\(70 bytes"):
+        decode(bytes(alpha), key="shifted.bmp")
+    # A version 4 header holds its masks: the rows right after it (byte 122) are pixels.
+    np.testing.assert_array_equal(decode(bmp_v4(masked), key="v4.bmp").array, image)
 
 
 def bmp_with_bitfields(data: bytes) -> bytes:
@@ -447,6 +454,15 @@ def bmp_with_bitfields(data: bytes) -> bytes:
     offset = 14 + 40 + len(masks)
     head = b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset)
     return head + info + masks + rows
+
+
+def bmp_v4(bitfields: bytes) -> bytes:
+    """`bmp_with_bitfields`' BMP with a version 4 header (108 bytes, the masks inside it)."""
+    info, masks, rows = bitfields[14:54], bitfields[54:66], bitfields[66:]
+    v4 = struct.pack("<I", 108) + info[4:] + masks + struct.pack("<I", 0) + b"sRGB"
+    v4 += bytes(108 - len(v4))  # endpoints and gamma
+    head = b"BM" + struct.pack("<IHHI", 14 + 108 + len(rows), 0, 0, 14 + 108)
+    return head + v4 + rows
 
 
 def test_a_16_bit_bmp_decodes_as_pillow_widens_it() -> None:
@@ -481,6 +497,7 @@ def test_an_os2_core_bmp_decodes_by_its_16_bit_sides() -> None:
     [
         (30, 4, "Unsupported BMP compression"),  # embedded JPEG rows
         (30, 5, "Unsupported BMP compression"),  # embedded PNG rows
+        (30, 6, "Unsupported BMP compression"),  # BI_ALPHABITFIELDS
         (46, 0xFFFFFFFF, "Unsupported BMP Palette size"),  # more colours than 8 bits index
     ],
 )
@@ -519,6 +536,14 @@ def test_a_pillow_plugin_tripping_over_a_hostile_field_is_a_decode_error(
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_memory)
     with pytest.raises(MemoryError):
         decode(tiff(image), key="big.tif")
+
+    # Any other plugin error is the file's, named: a KeyError escaped unnamed (QA mutation).
+    def missing_tag(self: object) -> None:
+        raise KeyError(279)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", missing_tag)
+    with pytest.raises(DecodeError, match=r"'odd\.tif'.*KeyError in Pillow: 279"):
+        decode(tiff(image), key="odd.tif")
 
 
 def test_a_bmp_bomb_is_a_bomb_before_it_is_cut_short() -> None:
@@ -627,6 +652,19 @@ def test_a_sampling_layout_turbojpeg_cannot_name_still_decodes(cpu_backend: str)
             decode(bytes(damaged), key="odd.jpg")
         with pytest.raises(DecodeError, match=r"'odd\.jpg'.*bad Huffman code"):
             load_into(bytes(damaged), EvalTransform(16), None, out, dtype="float32", key="odd.jpg")
+
+
+def test_such_a_layout_whose_sides_are_no_multiples_of_8_still_decodes() -> None:
+    # The entropy check decodes at 1/8 scale into ceil(side / 8) pixels; the one fixture
+    # is 32 x 24, where floor would do as well, and a floor refused every other size as
+    # corrupt unnoticed (QA mutation). Its frame header says 30 x 20 here: the same two
+    # by two 16-pixel MCUs of coded data, cropped.
+    data = bytearray((Path(__file__).parent / "data" / "sampling_2x2_1x1_2x2.jpg").read_bytes())
+    sof = next(i for i in range(2, len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xC0)
+    struct.pack_into(">HH", data, sof + 5, 20, 30)  # height, width
+    image = decode(bytes(data), key="odd.jpg").array
+    assert image.shape == (20, 30, 3)
+    assert np.abs(image[3, 3].astype(int) - (220, 30, 30)).max() <= 12
 
 
 def tiff(image: np.ndarray) -> bytes:
