@@ -227,6 +227,33 @@ def test_a_misspelt_cpu_backend_is_one_error_not_every_file_bad(tiny: Path, tmp_
     assert not good.exists()
 
 
+def test_a_backend_that_cannot_load_is_one_error_before_any_work(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `native` chosen without the extension built: an ImportError, which verify then met at
+    # every file ("all bad") and demo only after generating its 2,000 images (QA mutation).
+    import gpu_loader.ops._backend as backend
+    from gpu_loader.cli import main
+
+    def unbuilt() -> None:
+        raise ImportError("GPU_LOADER_CPU_BACKEND=native, but the native extension is not built")
+
+    monkeypatch.setattr(backend, "native_module", unbuilt)
+    monkeypatch.setenv("GPU_LOADER_CACHE", str(tmp_path))
+    for args in (["verify", "--data", str(tiny)], ["demo", "--device", "cpu"]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "native extension is not built" in err, err
+    assert list(tmp_path.iterdir()) == []  # demo made no dataset first
+
+
+def test_verify_of_one_file_says_file(tiny: Path, tmp_path: Path) -> None:
+    one = tmp_path / "one.csv"
+    one.write_text(f"path,label\n{sorted(tiny.rglob('*.jpg'))[0]},0\n")
+    result = run("verify", "--data", str(one), cache=tmp_path)
+    assert result.returncode == 0 and "checked 1 file in" in result.stdout, result.stdout
+
+
 def test_demo_names_the_cache_folder_it_cannot_write(tmp_path: Path) -> None:
     # A file where the cache folder should be: a NotADirectoryError traceback (QA).
     blocker = tmp_path / "not-a-folder"

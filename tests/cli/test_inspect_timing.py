@@ -138,6 +138,9 @@ def test_the_bad_file_share_says_what_the_default_limit_would_do(tmp_path: Path)
     assert insp.format_bad_files(index, {}, 8) == ""
     edge = insp.format_bad_files(index, dict.fromkeys(range(6), "e"), 594)
     assert "(6 of 594 sampled, 1.01%; more than" in edge  # not "1.0%; more than ... 1%"
+    # Exactly 1% is within the limit: the loader stops only past max_failures * calls.
+    at_limit = insp.format_bad_files(index, dict.fromkeys(range(6), "e"), 600)
+    assert "(6 of 600 sampled, 1.00%; the loader skips" in at_limit
 
 
 def test_verify_lists_bad_files_in_source_order_whatever_failed_first(tmp_path: Path) -> None:
