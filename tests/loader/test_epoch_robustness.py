@@ -441,3 +441,59 @@ print("lines after the child left:", len(open({str(log)!r}).read().splitlines())
     assert result.returncode == 0, result.stderr
     assert "lines after the child left: 1" in result.stdout, result.stdout + result.stderr
     assert len(log.read_text().splitlines()) == 2  # the parent's first and last
+
+
+class _FakeEpoch:
+    """What the exit hook calls on an epoch, recorded in ``calls`` (shared, in order)."""
+
+    def __init__(self, name: str, calls: list[str], *, pid: int, sleeps: float = 0.0) -> None:
+        self.name, self.calls, self.pid, self.join_s = name, calls, pid, 10.0
+        self.pair = [  # a quick thread first, so joining only the first thread is seen
+            threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+            for seconds in (0.02, sleeps)
+        ]
+        for thread in self.pair:
+            thread.start()
+
+    def stop_feeding(self) -> None:
+        self.calls.append(f"stop {self.name}")
+
+    def close(self, reason: str) -> None:
+        self.calls.append(f"close {self.name}")
+        if self.name == "broken":
+            raise RuntimeError("a close that fails")
+
+    def threads(self) -> list[threading.Thread]:
+        self.calls.append(f"threads {self.name}")
+        return self.pair
+
+
+def test_the_exit_hook_stops_all_then_closes_each_and_waits_for_every_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # QA mutation: the hook still passed its tests when it joined only the first thread
+    # left (several decode threads in torch ops abort the exit), stopped at the first
+    # close that raised, skipped the stop-everything pass, or touched a forked parent's
+    # epochs (a lock its threads may hold at the fork).
+    import os
+    import weakref
+
+    from gpu_loader import _epoch
+
+    calls: list[str] = []
+    epochs = [
+        _FakeEpoch("broken", calls, pid=os.getpid(), sleeps=0.5),
+        _FakeEpoch("slow", calls, pid=os.getpid(), sleeps=0.6),
+        _FakeEpoch("parent", calls, pid=os.getpid() + 1_000_000),
+    ]
+    monkeypatch.setattr(_epoch, "_STARTED", weakref.WeakSet(epochs))
+    with caplog.at_level("ERROR", logger="gpu_loader"):
+        _epoch._close_at_exit()
+    mine = sorted(calls[:2]), sorted(calls[2:4]), sorted(calls[4:])
+    assert mine == (
+        ["stop broken", "stop slow"],  # every epoch stops feeding before any closes
+        ["close broken", "close slow"],  # a close that raised did not stop the others
+        ["threads broken", "threads slow"],
+    ), calls
+    assert not any(t.is_alive() for e in epochs[:2] for t in e.pair)  # every thread joined
+    assert "closing a running epoch at exit failed" in caplog.text
