@@ -174,11 +174,25 @@ class FileIndex:
 
     def read(self, i: int) -> bytes:
         key = self.key(i)
-        return _io.read_file(key, key)
+        return self._whole(i, key, _io.read_file(key, key))
 
     def readinto(self, i: int, buf: Buffer) -> int:
         key = self.key(i)
-        return _io.readinto_file(key, key, buf)
+        if _io.local_path(key) is not None:
+            return _io.readinto_file(key, key, buf)
+        data = self.read(i)
+        return _io.copy_into(key, data, _io.byte_view(buf, key))
+
+    def _whole(self, i: int, key: str, data: bytes) -> bytes:
+        """``data``, or EOFError when a URL's read gave fewer bytes than its listing said
+        (QA: reported as the decoder's "truncated", not as the read that cut it short)."""
+        size = int(self._sizes[i])
+        if 0 <= len(data) < size and _io.local_path(key) is None:
+            raise EOFError(
+                f"sample {key!r}: the read gave {len(data):,} of the {size:,} bytes its "
+                "listing gave (cut short in transit, or the file changed since indexing)"
+            )
+        return data
 
     def nbytes(self, i: int) -> int | None:
         j = check_index(i, len(self))

@@ -367,15 +367,18 @@ def _read_url_capped(key: str, location: str) -> bytes:
     """
     fs, inner = fsspec_fs(location)
     limit = _max_file_bytes
-    if limit is None:
-        return fs.cat_file(inner)  # type: ignore[no-any-return]
-    data: bytes = fs.cat_file(inner, start=0, end=limit + 1)
-    if len(data) > limit:
+    data = fs.cat_file(inner) if limit is None else fs.cat_file(inner, start=0, end=limit + 1)
+    if not isinstance(data, bytes | bytearray):  # QA: a str, or None, was a TypeError in decode
+        raise TypeError(
+            f"sample {key!r}: the file system ({type(fs).__name__}) returned "
+            f"{type(data).__name__}, not bytes"
+        )
+    if limit is not None and len(data) > limit:
         raise ValueError(
             f"sample {key!r} is more than {limit:,} bytes, the limit for one sample; "
             "gpu_loader.sources.set_max_file_bytes(n) raises it"
         )
-    return data
+    return bytes(data)
 
 
 def readinto_file(key: str, location: str, buf: Buffer) -> int:
@@ -384,7 +387,7 @@ def readinto_file(key: str, location: str, buf: Buffer) -> int:
     try:
         path = local_path(location)
         if path is None:
-            return _copy_into(key, read_file(key, location), view)
+            return copy_into(key, read_file(key, location), view)
         with open_regular(key, path) as f:
             size = os.fstat(f.fileno()).st_size
             check_size(key, size)
@@ -460,7 +463,7 @@ def readinto_range(
         raise BufferTooSmallError(key, size, view.nbytes)
     path = local_path(location)
     if path is None:
-        return _copy_into(key, read_range(key, location, offset, size), view)
+        return copy_into(key, read_range(key, location, offset, size), view)
     try:
         with open_regular(key, path) as f:
             _check_stamp(key, location, f.fileno(), stamp)
@@ -473,7 +476,7 @@ def readinto_range(
         raise
 
 
-def _copy_into(key: str, data: bytes, view: memoryview) -> int:
+def copy_into(key: str, data: bytes, view: memoryview) -> int:
     if len(data) > view.nbytes:
         raise BufferTooSmallError(key, len(data), view.nbytes)
     view[: len(data)] = data

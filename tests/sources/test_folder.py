@@ -172,6 +172,35 @@ def test_a_folder_inside_a_zip_reads_through_a_chained_url(
     assert cached.read(0) == (tree / TREE_EXPECTED[0][0]).read_bytes()
 
 
+def test_a_url_read_shorter_than_its_listing_is_a_read_error(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    # A whole-file read that came back short was blamed on the decoder ("truncated"), and
+    # a file system returning str a TypeError there, naming nothing (QA).
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    url = copy_to_memory(memfs[0], tree, memfs[1])
+    index = ImageFolder(url)
+    whole = index.read(0)
+    memfs[0].pipe_file(f"{memfs[1]}/{TREE_EXPECTED[0][0]}", whole[:-5])  # cut since listed
+    for read in (lambda: index.read(0), lambda: index.readinto(0, bytearray(len(whole)))):
+        with pytest.raises(EOFError, match=rf"{re.escape(index.key(0))}.*{len(whole) - 5:,} of"):
+            read()
+    assert index.read(1) == (tree / TREE_EXPECTED[1][0]).read_bytes()  # the others read
+
+    class TextFS(MemoryFileSystem):
+        protocol = ("textfs",)
+
+        def cat_file(
+            self, path: str, start: int | None = None, end: int | None = None, **kw: object
+        ) -> object:
+            return "not bytes"
+
+    fsspec.register_implementation("textfs", TextFS, clobber=True)
+    with pytest.raises(TypeError, match=r"sample 'textfs://x\.jpg'.*returned str, not bytes"):
+        read_file("textfs://x.jpg", "textfs://x.jpg")
+
+
 def test_fingerprint_is_stable_and_independent_of_location(
     tree: Path, tmp_path: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
 ) -> None:
