@@ -517,38 +517,45 @@ def _utf8(text: str) -> bool:
 
 
 def _write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    over it, so a run that stops midway never leaves a list that looks complete. A path
-    that is no regular file (``/dev/stdout``, a FIFO, a ``/proc`` descriptor) is written
-    in place, as ``open()`` writes it (QA: renamed over, ``/dev/stdout`` became a file for
-    every process); a link's file is replaced, the link kept, and a file keeps its mode."""
+    """Write ``text`` to ``path`` whole or not at all where that is safe: a temporary file
+    beside a plain file of ours (or none yet), renamed over it, so a run that stops midway
+    never leaves a list that looks complete. Anything else is written in place, as
+    ``open()`` writes it: a link (``/dev/stdout``, ``/proc/self/fd/1`` to a redirected
+    file), a FIFO or device, a file of another owner or with other names (hard links),
+    a folder we cannot add a file to (QA: renamed over, ``/dev/stdout`` became a file for
+    every process; a redirected stdout lost the run's report; an owner lost their file)."""
     import stat
     import tempfile
 
     try:
-        st: os.stat_result | None = os.stat(path)  # through links, as open() goes
+        st = os.lstat(path)  # the path itself, not what a link names
     except FileNotFoundError:
         st = None
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}", EXIT_FAILED) from None
+    ours = st is None or (
+        stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+    )
+    fd, temporary = -1, ""
+    if ours:  # else, or in a folder we may not add to: in place, as open() would
+        with contextlib.suppress(OSError):
+            fd, temporary = tempfile.mkstemp(prefix=".gpu-loader-", dir=path.parent)
     try:
-        if st is not None and not stat.S_ISREG(st.st_mode):
+        if fd < 0:
             with open(path, "w", encoding="utf-8", newline="") as f:
                 f.write(text)
             return
-        target = os.path.realpath(path)
-        fd, temporary = tempfile.mkstemp(prefix=".gpu-loader-", dir=os.path.dirname(target))
+        try:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777 if st else 0o666 & ~_umask())
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}", EXIT_FAILED) from None
-    try:
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(temporary, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if isinstance(exc, OSError):
-            raise CliError(f"cannot write {path}: {exc.strerror or exc}", EXIT_FAILED) from None
-        raise
 
 
 def _umask() -> int:

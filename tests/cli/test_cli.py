@@ -353,15 +353,26 @@ def test_an_output_path_that_is_no_regular_file_is_written_into_not_replaced(
     private = tmp_path / "private.csv"
     private.write_text("old")
     private.chmod(0o600)
-    link = tmp_path / "link.csv"
+    inode = private.stat().st_ino
+    link = tmp_path / "link.csv"  # as /dev/stdout -> /proc/self/fd/1 -> a redirected file
     link.symlink_to(private)
     _write_whole(link, "new")
     assert link.is_symlink() and private.read_text() == "new"
     assert private.stat().st_mode & 0o777 == 0o600  # its mode kept, not widened
+    assert private.stat().st_ino == inode  # written into: a shell's redirect keeps it
+    other = tmp_path / "other.csv"  # a second name (hard link) sees the new list too
+    os.link(private, other)
+    _write_whole(private, "newer")
+    assert other.read_text() == "newer"
+    loop = tmp_path / "loop.csv"
+    loop.symlink_to(loop)
+    with pytest.raises(CliError, match=r"cannot write .*loop\.csv"):
+        _write_whole(loop, "x")
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    # A daemon: should a regression rename over the FIFO, this reader must not hang pytest.
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
     reader.start()
     _write_whole(fifo, "[1, 2]")
     reader.join(timeout=10)
