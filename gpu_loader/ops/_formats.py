@@ -389,22 +389,20 @@ def jpeg_orientation(data: bytes | memoryview) -> int:
     Walks the marker segments up to the first scan, looking for an APP1 "Exif" segment.
     """
     view = memoryview(data)
-    exif: bytes | None = None
+    exif: list[bytes] = []
     for marker, at, size in _jpeg_segments(view):
-        exif = _with_exif_segment(exif, view, marker, at, size)
-    return 1 if exif is None else _tiff_orientation(exif)
+        _add_exif_segment(exif, view, marker, at, size)
+    return _tiff_orientation(b"".join(exif)) if exif else 1
 
 
-def _with_exif_segment(
-    exif: bytes | None, view: memoryview, marker: int, at: int, size: int
-) -> bytes | None:
-    """``exif`` (the Exif block so far, None before one) with this segment's, when it is an
-    APP1 Exif segment: Pillow joins every one before the scan (a block over 64 KiB must be
-    split; QA: a first segment empty or cut turned nothing here, where Pillow read on)."""
-    if marker != 0xE1 or bytes(view[at : at + 6]) != b"Exif\x00\x00":
-        return exif
-    payload = bytes(view[at + 6 : at + size])
-    return payload if exif is None else exif + payload
+def _add_exif_segment(exif: list[bytes], view: memoryview, marker: int, at: int, size: int) -> None:
+    """Add this segment's Exif bytes to ``exif`` (the parts of the block so far), when it
+    is an APP1 Exif segment: Pillow joins every one before the scan (a block over 64 KiB
+    must be split; QA: a first segment empty or cut turned nothing here, where Pillow read
+    on). Parts, joined once: adding each to the block so far was quadratic (QA: 2 s for a
+    4.4 MB file of 100-byte segments)."""
+    if marker == 0xE1 and bytes(view[at : at + 6]) == b"Exif\x00\x00":
+        exif.append(bytes(view[at + 6 : at + size]))
 
 
 # Start-of-frame markers of Huffman-coded baseline, extended and progressive JPEGs: the
@@ -429,10 +427,10 @@ def jpeg_header(data: bytes | memoryview) -> tuple[int, int, str, int] | None:
     view = memoryview(data)
     frame: tuple[int, int, bytes] | None = None
     jfif, adobe = False, -1
-    exif: bytes | None = None
+    exif: list[bytes] = []
     for marker, at, size in _jpeg_segments(view):
         if marker == 0xDA:
-            orientation = 1 if exif is None else _tiff_orientation(exif)
+            orientation = _tiff_orientation(b"".join(exif)) if exif else 1
             return _header_result(frame, jfif, adobe, orientation)
         if marker in _SOF_HUFFMAN:
             if frame is not None or size < 6 or view[at] != 8 or size != 6 + 3 * view[at + 5]:
@@ -447,7 +445,7 @@ def jpeg_header(data: bytes | memoryview) -> tuple[int, int, str, int] | None:
         elif marker == 0xEE and size >= 12 and bytes(view[at : at + 5]) == b"Adobe":
             adobe = view[at + 11]
         else:
-            exif = _with_exif_segment(exif, view, marker, at, size)
+            _add_exif_segment(exif, view, marker, at, size)
     return None  # no scan: truncated or not a JPEG stream
 
 

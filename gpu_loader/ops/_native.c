@@ -980,7 +980,7 @@ static int is_other_sof(int m) {
 }
 
 /* The orientation of the Exif block Pillow reads from several APP1 Exif segments before the
-   scan (_formats._with_exif_segment): their payloads after "Exif\0\0", joined (``total``
+   scan (_formats._add_exif_segment): their payloads after "Exif\0\0", joined (``total``
    bytes). -1 when the copy cannot be made (the caller steps aside to the Python walk). */
 static int joined_exif_orientation(const uint8_t *v, size_t end, size_t total) {
     if (total == 0) return 1;
