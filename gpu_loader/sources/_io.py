@@ -197,17 +197,20 @@ def url_affixes(root: str) -> tuple[str, str]:
     if chained(root):
         links = root.split("::")
         for k, link in enumerate(links):
-            protocol, has_path, path = link.partition("://")
-            if has_path:
-                path = path.rstrip("/")
-                head = "::".join(
-                    [*links[:k], f"{protocol}://{path}/" if path else f"{protocol}://"]
-                )
+            if "://" in link:
                 rest = links[k + 1 :]
+                head = "::".join([*links[:k], _as_folder(link)])
                 return head, "::" + "::".join(rest) if rest else ""
-    if not root.partition("://")[2].strip("/"):  # a file system's root: memory://,
-        return root, ""  # memory:/// (QA: stripped to memory:/, whose keys named nothing)
-    return root.rstrip("/") + "/", ""
+    return _as_folder(root), ""
+
+
+def _as_folder(url: str) -> str:
+    """``url`` ending in one "/", so that a relative path appended names a file in it; a
+    file system's root as written (``memory://``, ``file:///``: QA, stripped to
+    ``file:/``, keys named nothing, also behind ``simplecache::``)."""
+    if not url.partition("://")[2].strip("/"):
+        return url
+    return url.rstrip("/") + "/"
 
 
 def path_link(url: str) -> str:
