@@ -332,7 +332,7 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
     f.seek(end)
     block = f.read(tarfile.BLOCKSIZE)
     if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
-        _check_tail(shard, f, end, size)
+        _check_tail(shard, f, end, size, {m.name for m in tar.getmembers()})
         return
     if not block:  # a cut that fell on a header boundary, or a writer without the marker
         _log.warning(
@@ -349,7 +349,7 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
     )
 
 
-def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
+def _check_tail(shard: str, f: Any, end: int, size: int, names: set[str]) -> None:
     """tarfile takes one zero block as the end of the archive, so a header zeroed in
     place, or shards joined with ``cat``, lost every member after it with no error (QA).
     The end is two zero blocks; what follows them is the record's padding, which POSIX
@@ -361,7 +361,10 @@ def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
     else:
         at = end + 2 * tarfile.BLOCKSIZE
         while len(block := f.read(tarfile.BLOCKSIZE)) == tarfile.BLOCKSIZE:
-            if block.count(0) != len(block) and _is_header(block):
+            # A header of a member read already is a stale copy left in the padding by
+            # its writer's buffer (QA), not the start of another archive.
+            name = _header_name(block) if block.count(0) != len(block) else None
+            if name is not None and name not in names:
                 break
             at += tarfile.BLOCKSIZE
         else:
@@ -374,13 +377,13 @@ def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
     )
 
 
-def _is_header(block: bytes) -> bool:
-    """Whether a 512-byte block reads as a tar member header (its checksum holds)."""
+def _header_name(block: bytes) -> str | None:
+    """The member name of a 512-byte block that reads as a tar header (its checksum
+    holds), else None."""
     try:
-        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        return tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape").name
     except tarfile.HeaderError:
-        return False
-    return True
+        return None
 
 
 # Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).

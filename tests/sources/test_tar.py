@@ -416,6 +416,8 @@ def test_data_after_the_end_marker_is_refused_not_lost(shards: list[Path], tmp_p
     junk = tmp_path / "junk.tar"
     junk.write_bytes(first + b"\x07junk" * 400)
     assert len(TarShards([str(junk)])) == len(TarShards([str(shards[0])]))
+    junk.write_bytes(first + first[:512])  # a stale copy of a header read already (QA)
+    assert len(TarShards([str(junk)])) == len(TarShards([str(shards[0])]))
 
 
 class _FailingRead(io.BytesIO):
