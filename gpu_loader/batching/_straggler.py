@@ -35,12 +35,12 @@ class StragglerBatcher(BatcherBase[T]):
     * Failures do not change the number of batches (ranks of a distributed job must step
       together): each failure leaves one place of a batch empty, as in ordered mode,
       though not necessarily in the batch that lost it (the next batch formed is short
-      by the failures not yet left empty, never below one sample), and batches are cut below ``B`` where needed so
-      that every nominal batch is still emitted, while at least as many samples are left
-      as batches owed. The batch
-      before the last waits while every sample left for the last one is still running,
-      until one of them completes: should they all fail, it is cut in two instead (where
-      the lateness bound allows: not with ``D = 0``, whose samples are all due).
+      by the failures not yet left empty, never below one sample), and batches are cut
+      below ``B`` where needed so that every nominal batch is still emitted, while at
+      least as many samples are left as batches owed. The batch before the last waits
+      while every sample left for the last one is still running, until one of them
+      completes: should they all fail, it is cut in two instead (where the lateness
+      bound allows: not with ``D = 0``, whose samples are all due).
       ``wait_for_last=False`` leaves that wait out (the loader does, for a single
       process, where the count matters less than the epoch's end).
     * ``drop_last=True`` drops the nominal short last batch, as in ordered mode: positions
@@ -133,11 +133,11 @@ class StragglerBatcher(BatcherBase[T]):
         owed = self.plan.num_batches - self._emitted
         if owed <= 1 or left < owed:
             return size
-        # Each failure so far leaves one place empty, as ordered mode's batch that lost
-        # it is short by one: filled from later samples instead, the places ran out at
-        # the epoch's end, and a distributed epoch padded its last batches with repeats
-        # (QA: 4 of 34 batches with 11 of 101 samples failed, where ordered repeated none).
-        # Never below the samples due now: the lateness bound comes first.
+        # Each failure so far leaves one place empty, as in ordered mode: filled from
+        # later samples instead, the places ran out at the epoch's end, and a distributed
+        # epoch padded its last batches with repeats (QA: 4 of 34 batches with 11 of 101
+        # samples failed, where ordered mode repeated none). Never below the samples due
+        # now: the lateness bound comes first.
         unfilled = ledger.failed - (self._emitted * size - ledger.delivered)
         cut = size - min(max(unfilled, 0), size - 1)
         if left - owed + 1 < cut:
