@@ -683,11 +683,19 @@ class ImageLoader:
             )
         resume = state.get("batcher")
         if resume is not None:
-            self._check_batcher_state(resume)
+            left = self._check_batcher_state(resume)
             if state.get("epoch_done") and state["sampler"].get("rank") != self.sampler.rank:
                 resume = None  # an ended epoch, shared between ranks: none of it is left
             else:
                 self._check_rank_progress(state)
+                if state.get("epoch_done") and left:
+                    # An ended epoch delivered or reported every sample; this one's resume
+                    # depended on whether the loop chose the epoch again (QA43).
+                    raise ValueError(
+                        f"loader state says epoch {state['sampler']['epoch']} ended, but its "
+                        f"'batcher' entry has {left} sample(s) neither delivered nor failed; "
+                        "it was edited or not written by this loader"
+                    )
         self._stop_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._known_epoch = self.sampler.epoch
@@ -698,9 +706,10 @@ class ImageLoader:
         self._restored = True
         self._closed_progress = None
 
-    def _check_batcher_state(self, state: Any) -> None:
+    def _check_batcher_state(self, state: Any) -> int:
         """Raise now, not at the next iteration, for a batcher state this loader's epochs
-        could not take (the resumed epoch builds its batcher and record the same way)."""
+        could not take (the resumed epoch builds its batcher and record the same way).
+        Returns how many of the epoch's samples it has neither delivered nor failed."""
         if not isinstance(state, Mapping):
             raise ValueError(
                 f"loader state's 'batcher' entry must be a dict, got {type(state).__name__}"
@@ -711,6 +720,7 @@ class ImageLoader:
             Received(batcher, state)  # its failures per stage too
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"loader state has an unusable 'batcher' entry: {exc}") from exc
+        return len(batcher.remaining_positions())
 
     def _check_rank_progress(self, state: Mapping[str, Any]) -> None:
         """A mid-epoch state records which of one rank's samples were delivered; another

@@ -607,6 +607,10 @@ def test_a_hand_edited_state_is_refused_at_load_and_a_loaded_one_is_a_copy(
         make(unique_list, seed=2).load_state_dict(edited(epoch_done="false"))
     with pytest.raises(ValueError, match="unsupported loader state version True"):
         make(unique_list, seed=2).load_state_dict(edited(version=True))
+    # An ended epoch with samples left: its resume depended on set_epoch being called.
+    left = len(unique_list) - 16
+    with pytest.raises(ValueError, match=f"epoch 0 ended, but its 'batcher' entry has {left} "):
+        make(unique_list, seed=2).load_state_dict(edited(epoch_done=True))
     # 16 samples in batches of 8 are 2 batches: 0 made a rank yield past len(loader) (QA).
     for batches in (0, 1, 17):
         with pytest.raises(ValueError, match=f"'batches' is {batches} but 16 delivered"):
