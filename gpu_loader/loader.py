@@ -1186,10 +1186,25 @@ def _make_monitor(loader: ImageLoader) -> Monitor:
     (the CPU path may be feeding one); without NVML the report says "no GPU" once."""
     if not loader.options.monitor_gpu:
         return Monitor(MonitorConfig(gpu="off"))
-    devices = None
+    devices = uuids = None
     if loader.device.type == "cuda":
-        devices = nvml_indices_for_cuda([_cuda_index(loader.device)])
-    return Monitor(MonitorConfig(gpu="auto", gpu_devices=devices))
+        index = _cuda_index(loader.device)
+        devices = nvml_indices_for_cuda([index])  # the fallback: a MIG instance, old torch
+        uuid = _cuda_uuid(index)
+        uuids = (uuid,) if uuid else None
+    return Monitor(MonitorConfig(gpu="auto", gpu_devices=devices, gpu_uuids=uuids))
+
+
+def _cuda_uuid(index: int) -> str | None:
+    """The device's UUID as torch reads it from the driver (NVML's, less its "GPU-"):
+    names it whatever ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` say. None
+    without usable CUDA (the monitor then maps the index)."""
+    import torch
+
+    try:
+        return str(torch.cuda.get_device_properties(index).uuid) or None
+    except Exception:  # torch without CUDA, or older than `uuid`: the index decides then
+        return None
 
 
 def _cuda_index(device: torch.device) -> int:

@@ -41,6 +41,10 @@ class MonitorConfig:
     """Whether to sample GPUs through NVML."""
     gpu_devices: tuple[int, ...] | None = None
     """NVML indices to sample; None for all."""
+    gpu_uuids: tuple[str, ...] | None = None
+    """Device UUIDs to sample, ahead of ``gpu_devices`` (the fallback when one is not
+    among NVML's devices): exact whatever ``CUDA_VISIBLE_DEVICES`` and
+    ``CUDA_DEVICE_ORDER`` say."""
     stall_threshold: float = 0.05
     """Stall fraction below which the training step, not the loader, is the bottleneck."""
 
@@ -51,6 +55,8 @@ class MonitorConfig:
             raise ValueError(f'`gpu` must be "auto" or "off", got {self.gpu!r}')
         if self.gpu_devices is not None:
             object.__setattr__(self, "gpu_devices", tuple(self.gpu_devices))
+        if self.gpu_uuids is not None:
+            object.__setattr__(self, "gpu_uuids", tuple(self.gpu_uuids))
         if not 0.0 <= self.stall_threshold < 1.0:
             raise ValueError(f"`stall_threshold` must be in [0, 1), got {self.stall_threshold!r}")
 
@@ -114,7 +120,11 @@ class Monitor:
         self.gpu: NvmlSampler | None = None
         if cfg.gpu == "auto":
             self.gpu = NvmlSampler(
-                cfg.gpu_devices, interval_s=cfg.interval_s, window_s=cfg.window_s, nvml=nvml
+                cfg.gpu_devices,
+                device_uuids=cfg.gpu_uuids,
+                interval_s=cfg.interval_s,
+                window_s=cfg.window_s,
+                nvml=nvml,
             )
         self._started_at: float | None = None
 
@@ -155,7 +165,11 @@ class Monitor:
         # it (and its reason) rather than warn again every epoch.
         if self.gpu is not None and self.gpu.snapshot().available:
             self.gpu = NvmlSampler(
-                cfg.gpu_devices, interval_s=cfg.interval_s, window_s=cfg.window_s, nvml=self._nvml
+                cfg.gpu_devices,
+                device_uuids=cfg.gpu_uuids,
+                interval_s=cfg.interval_s,
+                window_s=cfg.window_s,
+                nvml=self._nvml,
             )
         elif self.gpu is not None:
             self._gpu_retired = True

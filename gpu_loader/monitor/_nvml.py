@@ -66,6 +66,15 @@ def nvml_indices_for_cuda(
     return tuple(listed[i] for i in cuda_indices)
 
 
+def _plain_uuid(uuid: object) -> str:
+    """A device UUID as torch and NVML both give it, without NVML's "GPU-"/"MIG-" prefix
+    (torch writes none), lower case: ``str(torch.cuda.get_device_properties(i).uuid)``
+    against ``nvmlDeviceGetUUID``."""
+    text = (uuid.decode("ascii", "replace") if isinstance(uuid, bytes) else str(uuid)).strip()
+    text = text.lower()
+    return text[4:] if text.startswith(("gpu-", "mig-")) else text
+
+
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 """NVML's return code when libnvidia-ml is not installed: no NVIDIA driver here."""
 
@@ -87,7 +96,11 @@ class NvmlSampler(PeriodicThread):
     """Samples NVML every ``interval_s`` on a daemon thread.
 
     ``device_indices`` are NVML indices (None: every device; see
-    :func:`nvml_indices_for_cuda`). ``nvml`` is a module-like object with pynvml's
+    :func:`nvml_indices_for_cuda`). ``device_uuids``, when given, name the devices
+    exactly (torch's ``get_device_properties(i).uuid``, or NVML's form): they are matched
+    against NVML's devices at start and win over ``device_indices``, which stay the
+    fallback when one does not match (a MIG instance is not among NVML's top-level
+    devices). ``nvml`` is a module-like object with pynvml's
     names (the real ``pynvml`` by default); tests pass a fake. ``snapshot()`` gives
     means over the last ``window_s`` seconds and the latest reading per device.
     """
@@ -96,6 +109,7 @@ class NvmlSampler(PeriodicThread):
         self,
         device_indices: Sequence[int] | None = None,
         *,
+        device_uuids: Sequence[str] | None = None,
         interval_s: float = 0.5,
         window_s: float = 5.0,
         nvml: Any = None,
@@ -116,6 +130,7 @@ class NvmlSampler(PeriodicThread):
             )
         self.window_s = check_interval("window_s", window_s)
         self._requested = device_indices
+        self._uuids = None if device_uuids is None else tuple(map(_plain_uuid, device_uuids))
         self._nvml = nvml
         self._clock = clock
         self._max_failures = max_consecutive_failures
@@ -167,7 +182,9 @@ class NvmlSampler(PeriodicThread):
         self._initialised = True
         try:
             count = int(nvml.nvmlDeviceGetCount())
-            indices = self._requested if self._requested is not None else tuple(range(count))
+            indices = self._match_uuids(count)
+            if indices is None:
+                indices = self._requested if self._requested is not None else tuple(range(count))
             if count == 0 or not indices:
                 return self._unavailable("NVML sees no NVIDIA device")
             missing = [i for i in indices if i >= count]
@@ -183,6 +200,25 @@ class NvmlSampler(PeriodicThread):
         self._available = True
         self._reason = None
         return True
+
+    def _match_uuids(self, count: int) -> tuple[int, ...] | None:
+        """The NVML indices of ``device_uuids``, or None when not given or one does not
+        match (then ``device_indices`` decide, as before)."""
+        if not self._uuids:
+            return None
+        found: dict[str, int] = {}
+        try:
+            for i in range(count):
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(i)
+                found.setdefault(_plain_uuid(self._nvml.nvmlDeviceGetUUID(handle)), i)
+        except Exception as exc:  # an old driver, a fake without UUIDs: indices then
+            _log.debug("NVML device UUIDs could not be read (%s)", _describe(exc))
+            return None
+        missing = [u for u in self._uuids if u not in found]
+        if missing:
+            _log.debug("no NVML device has UUID %s; sampling by index", ", ".join(missing))
+            return None
+        return tuple(found[u] for u in self._uuids)
 
     def _read_name(self, index: int) -> str:
         try:

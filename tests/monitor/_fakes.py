@@ -48,6 +48,7 @@ class FakeGpu:
     pcie_supported: bool = True
     util_supported: bool = True  # False: a MIG instance
     lost: bool = False
+    uuid: str | bytes = "GPU-00000000-0000-0000-0000-000000000000"
 
 
 @dataclass
@@ -82,6 +83,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: int) -> str | bytes:
         return self.gpus[handle].name
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str | bytes:
+        return self.gpus[handle].uuid
 
     def _gpu(self, handle: int) -> FakeGpu:
         gpu = self.gpus[handle]

@@ -170,3 +170,32 @@ def test_a_plain_cuda_device_is_watched_on_torchs_current_device(
 
     monkeypatch.setattr(torch.cuda, "current_device", no_cuda)
     assert _cuda_index(torch.device("cuda")) == 0
+
+
+def test_a_cuda_loader_names_its_gpu_to_the_monitor_by_uuid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With UUIDs in CUDA_VISIBLE_DEVICES the index mapping gives up (every GPU sampled),
+    # and with integers it is exact only in PCI bus order: the UUID names the device.
+    import types
+
+    import torch
+
+    import gpu_loader as gl
+    from gpu_loader.loader import _make_monitor
+
+    uuid = "ffc79498-8ff3-c2dc-3b0d-fafd804516ae"
+    props = {3: types.SimpleNamespace(uuid=uuid)}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c,GPU-ffc79498")
+    loader = types.SimpleNamespace(options=gl.LoaderOptions(), device=torch.device("cuda"))
+    config = _make_monitor(loader).config  # type: ignore[arg-type]
+    assert config.gpu_uuids == (uuid,) and config.gpu_devices is None
+
+    def cpu_only_torch(index: int) -> object:
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", cpu_only_torch)
+    config = _make_monitor(loader).config  # type: ignore[arg-type]
+    assert config.gpu_uuids is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -108,6 +108,40 @@ def test_bad_device_index_is_unavailable_not_a_crash() -> None:
         snap = sampler.snapshot()
     assert not snap.available and "[3]" in (snap.reason or "")
     assert nvml.shutdowns == 1  # initialised, so shut down
+
+
+def uuid_of(n: int) -> str:
+    return f"{n:08x}-8ff3-c2dc-3b0d-fafd804516ae"
+
+
+@pytest.mark.parametrize("nvml_form", [str.upper, lambda u: f"GPU-{u}".encode()])
+def test_device_uuids_pick_the_device_whatever_the_indices_say(
+    nvml_form: Callable[[str], str | bytes],
+) -> None:
+    # CUDA numbers devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, and
+    # CUDA_VISIBLE_DEVICES may list UUIDs: an index from it named another GPU, or none.
+    gpus = [FakeGpu(sm=10 * i, uuid=nvml_form(uuid_of(i))) for i in range(3)]
+    nvml = FakeNvml(gpus=gpus)
+    with NvmlSampler([0], device_uuids=[uuid_of(2)], interval_s=MS, nvml=nvml) as sampler:
+        assert wait_until(lambda: nvml.reads >= 1)
+        snap = sampler.snapshot()
+    (dev,) = snap.devices
+    assert dev.index == 2 and dev.sm_util_percent == 20.0
+
+
+def test_a_uuid_nvml_does_not_list_falls_back_to_the_indices(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A MIG instance's UUID is not among NVML's top-level devices (and an old driver or
+    # a fake may have no UUIDs at all): the indices decide, as without UUIDs.
+    gpus = [FakeGpu(sm=10 * i, uuid=f"GPU-{uuid_of(i)}") for i in range(2)]
+    caplog.set_level(logging.DEBUG, logger="gpu_loader.monitor")
+    for indices, expected in (([1], [1]), (None, [0, 1])):
+        nvml = FakeNvml(gpus=gpus)
+        with NvmlSampler(indices, device_uuids=[uuid_of(7)], interval_s=MS, nvml=nvml) as s:
+            assert wait_until(lambda: nvml.reads >= 2)  # noqa: B023 (waited on at once)
+            assert [d.index for d in s.snapshot().devices] == expected
+    assert any("no NVML device has UUID 00000007" in r.getMessage() for r in caplog.records)
 
 
 def test_one_device_values_flow_into_the_snapshot() -> None:
