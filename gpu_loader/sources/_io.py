@@ -9,6 +9,7 @@ returns ``bytes``; ``readinto`` then copies once into the caller's buffer.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 import posixpath
@@ -185,8 +186,28 @@ _CHAINED_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::|::[A-Za-z][A-Za-z0-9+.-]*:
 
 def chained(url: str) -> bool:
     """Whether ``url`` chains fsspec protocols (``zip://a::s3://b``, ``simplecache::s3://b``),
-    not a name that merely holds ``::``."""
-    return "::" in url and _CHAINED_RE.search(url) is not None
+    not a name that merely holds ``::``. A last link that is a local path, as fsspec
+    takes it (``zip://a::/data/z.zip``), chains after a file system that reads another
+    file (an archive's ``fo``, a cache's ``target_protocol``): no "::" there is a name."""
+    if "::" not in url:
+        return False
+    if _CHAINED_RE.search(url) is not None:
+        return True
+    return _wraps_a_file(url.partition("://")[0]) if is_url(url) else False
+
+
+@functools.lru_cache(maxsize=64)
+def _wraps_a_file(protocol: str) -> bool:
+    import inspect
+
+    import fsspec
+
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+        params = inspect.signature(cls.__init__).parameters
+    except (ImportError, ValueError, TypeError):  # unknown or not installed: a name then
+        return False
+    return "fo" in params or "target_protocol" in params
 
 
 def url_affixes(root: str) -> tuple[str, str]:

@@ -180,6 +180,30 @@ def test_a_folder_inside_a_zip_reads_through_a_chained_url(
     assert rooted.key(0) == f"simplecache::file://{first}" and rooted.read(0) == first.read_bytes()
 
 
+def test_a_chain_whose_last_link_is_a_local_path_reads_as_fsspec_takes_it(
+    tree: Path, tmp_path: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    # zip://::/data/z.zip, which fsspec opens, was taken for a zip URL with "::" in a
+    # name: "IsADirectoryError: [Errno 21] Is a directory" naming the working folder (QA).
+    import zipfile
+
+    from gpu_loader.sources import open_index
+
+    with zipfile.ZipFile(tmp_path / "z.zip", "w") as archive:
+        for rel, _ in TREE_EXPECTED:
+            archive.writestr(rel, (tree / rel).read_bytes())
+    index = ImageFolder(f"zip://::{tmp_path}/z.zip")
+    assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
+    for i, (rel, _) in enumerate(TREE_EXPECTED):
+        assert index.key(i) == f"zip://{rel}::{tmp_path}/z.zip"
+        assert index.read(i) == (tree / rel).read_bytes()
+    assert len(open_index(f"zip://::{tmp_path}/z.zip")) == len(TREE_EXPECTED)
+    # After a file system that reads no other file, "::" is still part of a name.
+    memfs[0].pipe_file(f"{memfs[1]}/odd::/cat/a.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
+    odd = ImageFolder(f"memory://{memfs[1]}/odd::")
+    assert odd.key(0) == f"memory://{memfs[1]}/odd::/cat/a.jpg" and odd.read(0)
+
+
 def test_a_url_read_shorter_than_its_listing_is_a_read_error(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
 ) -> None:
