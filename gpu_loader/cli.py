@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read and decode every image of the data at full size with the CPU "
         "decoders, print each file that fails with its key and error, and optionally "
         "write the good ones as a CSV list the loader takes. Exit status 1 when a file "
-        "is bad. Worth running before training on the GPU path, which may deliver a "
+        "is bad, or when a good one cannot be listed in --good-list (a name that is not "
+        "UTF-8, which a CSV cannot hold: it is left out and named). Worth running before training on the GPU path, which may deliver a "
         "JPEG with damaged compressed data instead of reporting it.",
     )
     verify.add_argument("--data", required=True, help=_DATA_HELP)
@@ -208,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--good-list",
         type=Path,
         metavar="CSV",
-        help="write the good samples here (path,label); for a folder or CSV list, not tar shards",
+        help="write the good samples here (path,label); for a folder or CSV list, not tar "
+        "shards; a plain file is replaced whole, a link, FIFO or shared file written in place",
     )
     verify.add_argument(
         "--json", type=Path, metavar="PATH", help="write the bad files here as JSON"

@@ -119,7 +119,9 @@ class StragglerBatcher(BatcherBase[T]):
         return [heapq.heappop(heap) for _ in range(min(size, len(heap)))]
 
     def _target_size(self) -> int:
-        """``B``, or fewer so that every batch still owed this epoch can have a sample.
+        """``B``, less one place per failure so far (as ordered mode leaves them empty),
+        or fewer so that every batch still owed this epoch can have a sample; never below
+        the ready samples due now.
 
         Failures must not change how many batches an epoch yields: ranks of a distributed
         job step together, and one yielding a batch fewer leaves the others waiting in a

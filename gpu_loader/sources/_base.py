@@ -125,7 +125,8 @@ class FileIndex:
     A sample's key is ``prefix + names[i] + suffix``: ImageFolder stores paths relative
     to its root once (half the memory of keeping both) and fingerprints the relative
     names (the suffix: the rest of a chained URL, ``zip://a.jpg::s3://b/d.zip``);
-    FileList has an empty prefix. ``sizes`` may hold -1 for "unknown"; local files are
+    FileList's prefix is its ``root``, the working folder when every path is relative,
+    or empty (its names are then whole paths and URLs). ``sizes`` may hold -1 for "unknown"; local files are
     then ``stat``-ed on the first ``nbytes`` call and cached (lazily, so listing a huge
     folder stays one walk).
     """

@@ -191,7 +191,9 @@ def expand_urls(pattern: str) -> list[str]:
     bash and WebDataset do for these: a range is zero-padded to its wider end when either
     end has a leading zero. Letter and negative ranges (``{a..c}``, ``{-1..1}``) stay
     literal text, and a backward range is refused. A pattern that names one path twice is
-    refused (a shard read twice would give its samples twice per epoch)."""
+    refused (a shard read twice would give its samples twice per epoch), and so is one
+    that expands to more than `MAX_EXPANDED_URLS` (1,000,000) names, checked before a
+    range is built."""
     urls = _expand(pattern, pattern)
     seen: set[str] = set()
     for url in urls:
