@@ -334,7 +334,7 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
     f.seek(end)
     block = f.read(tarfile.BLOCKSIZE)
     if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
-        _check_tail(shard, f, end, size, {m.name for m in tar.getmembers()})
+        _check_tail(shard, f, end, size)
         return
     if not block:  # a cut that fell on a header boundary, or a writer without the marker
         _log.warning(
@@ -351,23 +351,26 @@ def _check_end(shard: str, tar: tarfile.TarFile, size: int) -> None:
     )
 
 
-def _check_tail(shard: str, f: Any, end: int, size: int, names: set[str]) -> None:
+def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
     """tarfile takes one zero block as the end of the archive, so a header zeroed in
     place, or shards joined with ``cat``, lost every member after it with no error (QA).
     The end is two zero blocks; what follows them is the record's padding, which POSIX
     leaves undefined (QA: refusing any non-zero byte there refused conforming archives),
-    so only a block there that reads as a member header is refused."""
+    so only a block there that reads as a member header is refused, unless it is a
+    stale copy of one of the archive's last blocks (`_recent_blocks`)."""
     second = f.read(tarfile.BLOCKSIZE)
     if second and second.count(0) != len(second):
         where = "a member header zeroed in place"
     else:
         at = end + 2 * tarfile.BLOCKSIZE
+        recent: set[bytes] | None = None
         while len(block := f.read(tarfile.BLOCKSIZE)) == tarfile.BLOCKSIZE:
-            # A header of a member read already is a stale copy left in the padding by
-            # its writer's buffer (QA), not the start of another archive.
-            name = _header_name(block) if block.count(0) != len(block) else None
-            if name is not None and name not in names:
-                break
+            if block.count(0) != len(block) and _is_header(block):
+                if recent is None:  # read once, and only for a tail that holds a header
+                    recent = _recent_blocks(f, end)
+                    f.seek(at + tarfile.BLOCKSIZE)
+                if block not in recent:
+                    break
             at += tarfile.BLOCKSIZE
         else:
             return
@@ -379,13 +382,33 @@ def _check_tail(shard: str, f: Any, end: int, size: int, names: set[str]) -> Non
     )
 
 
-def _header_name(block: bytes) -> str | None:
-    """The member name of a 512-byte block that reads as a tar header (its checksum
-    holds), else None."""
+STALE_WINDOW = 1 << 20
+"""How far before the end marker a header block in the padding after it may have its
+original (one record back for a writer that reuses its record buffer; GNU tar's largest
+common blocking factors)."""
+
+
+def _recent_blocks(f: Any, end: int) -> set[bytes]:
+    """The archive's 512-byte blocks in the `STALE_WINDOW` before its end marker. A
+    writer that reuses its record buffer leaves, in the last record's padding, byte-for-byte
+    copies of the blocks one record back (QA: a stale header was refused as another
+    archive). Name matching took a stale GNU long-name or PAX block, whose name no member
+    has, for another archive; and the header of another shard joined with ``cat`` whose
+    member names repeat this one's (shard-local keys) for a stale copy, losing its members."""
+    start = max(0, end - STALE_WINDOW)
+    f.seek(start)
+    data = f.read(end - start)
+    size = tarfile.BLOCKSIZE
+    return {data[i : i + size] for i in range(0, len(data) - size + 1, size)}
+
+
+def _is_header(block: bytes) -> bool:
+    """Whether a 512-byte block reads as a tar member header (its checksum holds)."""
     try:
-        return tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape").name
+        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
     except tarfile.HeaderError:
-        return None
+        return False
+    return True
 
 
 # Magic numbers of the compressions a .tar is often wrapped in (gzip, bzip2, xz, zstd).

@@ -420,6 +420,39 @@ def test_data_after_the_end_marker_is_refused_not_lost(shards: list[Path], tmp_p
     assert len(TarShards([str(junk)])) == len(TarShards([str(shards[0])]))
 
 
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_a_stale_header_copy_after_the_end_is_padding_but_a_joined_shard_is_not(
+    tmp_path: Path, fmt: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer reusing its record buffer leaves copies of earlier blocks in the padding.
+    # Matched by member name, a stale GNU long-name or PAX block (no member has its name)
+    # read as another archive; and another shard joined with `cat` whose member names
+    # repeat this one's (shard-local keys) passed for a stale copy, its samples lost (QA).
+    long_key = "k" * 120  # over tar's 100-byte name field
+    samples = _samples(0, 3)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for key, ext, data, _ in [(long_key, "jpg", samples[0][2], 0), *samples]:
+            add_member(tar, f"{key}.{ext}", data)
+    first = out.getvalue()
+    expected = len(samples) + 1
+    stale = tmp_path / "stale.tar"
+    stale.write_bytes(first + first[:512])  # the long name's extended header block
+    assert len(TarShards([str(stale)])) == expected
+    again = [
+        (key, ext, image_bytes(9 + n, "PNG"), label)
+        for n, (key, ext, _, label) in enumerate(samples)
+    ]
+    joined = tmp_path / "joined.tar"
+    joined.write_bytes(shard_bytes(samples) + shard_bytes(again))
+    with pytest.raises(ValueError, match=r"joined\.tar.*tar files joined with cat"):
+        TarShards([str(joined)])
+    # A copy whose original lies further back than one writer's record is not stale.
+    monkeypatch.setattr("gpu_loader.sources._tar.STALE_WINDOW", 512)
+    with pytest.raises(ValueError, match=r"stale\.tar.*tar files joined with cat"):
+        TarShards([str(stale)])
+
+
 class _FailingRead(io.BytesIO):
     """A shard file whose third read raises what its name says."""
 
