@@ -694,9 +694,15 @@ class ImageLoader:
                     raise ValueError(
                         f"loader state says epoch {state['sampler']['epoch']} ended, but its "
                         f"'batcher' entry has {left} sample(s) neither delivered nor failed; "
-                        "it was edited or not written by this loader"
+                        "it was edited, or saved by an older gpu_loader after loading a state "
+                        "shared between ranks (remove its 'batcher' entry to go on after "
+                        "that epoch)"
                     )
-        self._stop_epoch("load_state_dict() was called")
+        # The stopped pass is forgotten, as another epoch chosen forgets it: a state saved
+        # after a loaded end-of-epoch state shared between ranks (no record to resume)
+        # paired epoch_done with that pass's progress (QA50: `next(iter(loader))` before
+        # loading; the next load refused it, and before that check resumed it).
+        self._leave_epoch("load_state_dict() was called")
         self.sampler.load_state_dict(state["sampler"])
         self._known_epoch = self.sampler.epoch
         self._epoch_done = bool(state.get("epoch_done", False))
