@@ -357,24 +357,24 @@ def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
     The end is two zero blocks; what follows them is the record's padding, which POSIX
     leaves undefined (QA: refusing any non-zero byte there refused conforming archives),
     so only a block there that reads as a member header is refused, unless it is a
-    stale copy of one of the archive's last blocks (`_recent_blocks`)."""
-    second = f.read(tarfile.BLOCKSIZE)
+    stale copy left by the writer (`_stale_copies`)."""
+    block_size = tarfile.BLOCKSIZE
+    second = f.read(block_size)
     if second and second.count(0) != len(second):
         where = "a member header zeroed in place"
     else:
-        at = end + 2 * tarfile.BLOCKSIZE
-        recent: set[bytes] | None = None
-        while len(block := f.read(tarfile.BLOCKSIZE)) == tarfile.BLOCKSIZE:
-            if block.count(0) != len(block) and _is_header(block):
-                if recent is None:  # read once, and only for a tail that holds a header
-                    recent = _recent_blocks(f, end)
-                    f.seek(at + tarfile.BLOCKSIZE)
-                if block not in recent:
+        records = _record_sizes(end, size)
+        found: list[tuple[int, bytes]] = []  # the header blocks after the marker
+        at = end + 2 * block_size
+        while len(block := f.read(block_size)) == block_size:
+            if block.count(0) != block_size and _is_header(block):
+                found.append((at, block))
+                if not records:  # no record could hold it: another archive, at once
                     break
-            at += tarfile.BLOCKSIZE
-        else:
+            at += block_size
+        if not found or _stale_copies(f, end, records, found):
             return
-        where = f"tar files joined with cat (a member header at byte {at:,})"
+        where = f"tar files joined with cat (a member header at byte {found[0][0]:,})"
     raise ValueError(
         f"tar shard {shard!r} goes on past its end-of-archive marker at byte {end:,} of "
         f"{size:,}: {where}; the members after it cannot be indexed (`tar --ignore-zeros` "
@@ -383,23 +383,42 @@ def _check_tail(shard: str, f: Any, end: int, size: int) -> None:
 
 
 STALE_WINDOW = 1 << 20
-"""How far before the end marker a header block in the padding after it may have its
-original (one record back for a writer that reuses its record buffer; GNU tar's largest
-common blocking factors)."""
+"""The largest record size a stale copy is looked for at (GNU tar's blocking factor
+2048)."""
 
 
-def _recent_blocks(f: Any, end: int) -> set[bytes]:
-    """The archive's 512-byte blocks in the `STALE_WINDOW` before its end marker. A
-    writer that reuses its record buffer leaves, in the last record's padding, byte-for-byte
-    copies of the blocks one record back (QA: a stale header was refused as another
-    archive). Name matching took a stale GNU long-name or PAX block, whose name no member
-    has, for another archive; and the header of another shard joined with ``cat`` whose
-    member names repeat this one's (shard-local keys) for a stale copy, losing its members."""
-    start = max(0, end - STALE_WINDOW)
+def _record_sizes(end: int, size: int) -> list[int]:
+    """The record sizes the archive could have been written in with its end marker in the
+    last record: multiples of 512 up to `STALE_WINDOW` that divide its size (a writer pads
+    the archive to whole records) and reach back to the marker."""
+    top = min(STALE_WINDOW, size)
+    block_size = tarfile.BLOCKSIZE
+    return [r for r in range(block_size, top + 1, block_size) if not size % r and size - r <= end]
+
+
+def _stale_copies(f: Any, end: int, records: list[int], found: list[tuple[int, bytes]]) -> bool:
+    """Whether every header block after the end marker is a copy of the block one record
+    back, for one record size: what a writer that reuses its record buffer leaves in the
+    last record's padding (QA: such a copy was refused as another archive). Matching by
+    member name erred both ways: a stale GNU long-name or PAX block, whose name no member
+    has, was refused; and another shard joined with ``cat`` whose member names repeat this
+    one's (shard-local keys) passed, its members lost. So did any equal block in the last
+    MiB (QA: two shards with the same names, sizes and mtimes). Another archive joined
+    after this one passes only if its headers repeat this archive's, at one distance that
+    divides the joined size, from inside this archive's last record: never in practice."""
+    if not records:
+        return False
+    start = max(0, end - max(records))
     f.seek(start)
     data = f.read(end - start)
-    size = tarfile.BLOCKSIZE
-    return {data[i : i + size] for i in range(0, len(data) - size + 1, size)}
+    block_size = tarfile.BLOCKSIZE
+    return any(
+        all(
+            at - r >= start and data[at - r - start : at - r - start + block_size] == block
+            for at, block in found
+        )
+        for r in records
+    )
 
 
 def _is_header(block: bytes) -> bool:

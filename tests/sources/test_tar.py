@@ -17,6 +17,7 @@ import pytest
 
 from gpu_loader.sources import BufferTooSmallError, SampleIndex, TarShards, expand_urls
 from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
+from gpu_loader.sources._tar import _is_header
 from tests.sources._data import add_member, image_bytes, shard_bytes
 
 
@@ -416,38 +417,67 @@ def test_data_after_the_end_marker_is_refused_not_lost(shards: list[Path], tmp_p
     junk = tmp_path / "junk.tar"
     junk.write_bytes(first + b"\x07junk" * 400)
     assert len(TarShards([str(junk)])) == len(TarShards([str(shards[0])]))
-    junk.write_bytes(first + first[:512])  # a stale copy of a header read already (QA)
-    assert len(TarShards([str(junk)])) == len(TarShards([str(shards[0])]))
+    stale = tmp_path / "stale.tar"  # a writer that reused its record buffer (QA)
+    stale.write_bytes(_with_stale_padding(_padded_shard(tarfile.PAX_FORMAT)))
+    assert len(TarShards([str(stale)])) == _PADDED_SAMPLES
+
+
+_RECORD = tarfile.RECORDSIZE
+_PADDED_SAMPLES = 10  # 2 KiB each with their extended headers: 2 records, then padding
+
+
+def _padded_shard(fmt: int) -> bytes:
+    """A shard whose last record is mostly padding, with long names (an extended header
+    per member) in GNU and PAX formats."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for k in range(_PADDED_SAMPLES):
+            add_member(tar, f"{'k' * 110}{k:03d}.jpg", bytes([k]) * 300)
+    data = out.getvalue()
+    assert len(data) - _end_marker(data) > _RECORD // 2  # the last record mostly padding
+    return data
+
+
+def _end_marker(data: bytes) -> int:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.getmembers()
+        return tar.offset
+
+
+def _with_stale_padding(data: bytes) -> bytes:
+    """``data`` as a writer that reuses its record buffer leaves it: the padding after the
+    two zero blocks holds the bytes one record back."""
+    out = bytearray(data)
+    end = _end_marker(data)
+    for at in range(end + 1024, len(out), 512):
+        out[at : at + 512] = out[at - _RECORD : at - _RECORD + 512]
+    headers = [
+        at for at in range(end + 1024, len(out), 512) if _is_header(bytes(out[at : at + 512]))
+    ]
+    assert len(headers) >= 2  # the test copies headers, extended ones included
+    return bytes(out)
 
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_a_stale_header_copy_after_the_end_is_padding_but_a_joined_shard_is_not(
     tmp_path: Path, fmt: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A writer reusing its record buffer leaves copies of earlier blocks in the padding.
-    # Matched by member name, a stale GNU long-name or PAX block (no member has its name)
-    # read as another archive; and another shard joined with `cat` whose member names
-    # repeat this one's (shard-local keys) passed for a stale copy, its samples lost (QA).
-    long_key = "k" * 120  # over tar's 100-byte name field
-    samples = _samples(0, 3)
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
-        for key, ext, data, _ in [(long_key, "jpg", samples[0][2], 0), *samples]:
-            add_member(tar, f"{key}.{ext}", data)
-    first = out.getvalue()
-    expected = len(samples) + 1
+    # A writer reusing its record buffer leaves copies of the record before in the last
+    # one's padding. Matched by member name, a stale GNU long-name or PAX block (no member
+    # has its name) read as another archive; matched against any recent block, another
+    # shard joined with `cat` with the same member names, sizes and mtimes passed for
+    # stale copies, and its samples were lost (QA).
     stale = tmp_path / "stale.tar"
-    stale.write_bytes(first + first[:512])  # the long name's extended header block
-    assert len(TarShards([str(stale)])) == expected
-    again = [
-        (key, ext, image_bytes(9 + n, "PNG"), label)
-        for n, (key, ext, _, label) in enumerate(samples)
-    ]
+    stale.write_bytes(_with_stale_padding(_padded_shard(fmt)))
+    assert len(TarShards([str(stale)])) == _PADDED_SAMPLES
+    samples = _samples(0, 3)
+    same_sizes = [(key, ext, bytes(255 - b for b in data), n) for key, ext, data, n in samples]
     joined = tmp_path / "joined.tar"
-    joined.write_bytes(shard_bytes(samples) + shard_bytes(again))
-    with pytest.raises(ValueError, match=r"joined\.tar.*tar files joined with cat"):
-        TarShards([str(joined)])
-    # A copy whose original lies further back than one writer's record is not stale.
+    for second in (shard_bytes(same_sizes), shard_bytes(samples)):  # another, and itself
+        joined.write_bytes(shard_bytes(samples) + second)
+        with pytest.raises(ValueError, match=r"joined\.tar.*tar files joined with cat"):
+            TarShards([str(joined)])
+    # A copy from further back than the largest record looked at is not stale.
     monkeypatch.setattr("gpu_loader.sources._tar.STALE_WINDOW", 512)
     with pytest.raises(ValueError, match=r"stale\.tar.*tar files joined with cat"):
         TarShards([str(stale)])
