@@ -210,11 +210,23 @@ def _wraps_a_file(protocol: str) -> bool:
     return "fo" in params or "target_protocol" in params
 
 
+def _anchored(url: str) -> str:
+    """``url`` with a chain's last link, when it is a relative local path
+    (``zip://::d.zip``), made absolute: keys must not change with ``os.chdir`` (QA)."""
+    if not chained(url):
+        return url
+    *links, last = url.split("::")
+    if not last or "://" in last or os.path.isabs(last):
+        return url
+    return "::".join([*links, os.path.abspath(last)])
+
+
 def url_affixes(root: str) -> tuple[str, str]:
     """``(prefix, suffix)`` with ``prefix + relative path + suffix`` the URL of a file under
     the fsspec URL ``root``. In a chained URL the path belongs to the first link that has
     one (``zip://c/a.jpg::memory://z.zip``): appended to the whole chain it named the
     archive's own path as a folder, and every read failed (QA)."""
+    root = _anchored(root)
     if chained(root):
         links = root.split("::")
         for k, link in enumerate(links):
@@ -247,7 +259,7 @@ def url_parent(url: str) -> str:
     """The URL of the folder ``url`` names a file in (``memory://a/l.csv`` -> ``memory://a``;
     in a chained URL, the link that holds the path: ``zip://l/t.csv::s3://b/z.zip`` ->
     ``zip://l::s3://b/z.zip``)."""
-    links = url.split("::") if chained(url) else [url]
+    links = _anchored(url).split("::") if chained(url) else [url]
     for k, link in enumerate(links):
         protocol, has_path, path = link.partition("://")
         if has_path:

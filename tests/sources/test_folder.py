@@ -198,6 +198,13 @@ def test_a_chain_whose_last_link_is_a_local_path_reads_as_fsspec_takes_it(
         assert index.key(i) == f"zip://{rel}::{tmp_path}/z.zip"
         assert index.read(i) == (tree / rel).read_bytes()
     assert len(open_index(f"zip://::{tmp_path}/z.zip")) == len(TREE_EXPECTED)
+    # A relative last link is made absolute, as a relative root is (QA: a later chdir
+    # made every read fail).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        relative = ImageFolder("zip://::z.zip")
+        mp.chdir("/")
+        assert relative.key(0) == index.key(0) and relative.read(0) == index.read(0)
     # After a file system that reads no other file, "::" is still part of a name.
     memfs[0].pipe_file(f"{memfs[1]}/odd::/cat/a.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
     odd = ImageFolder(f"memory://{memfs[1]}/odd::")
