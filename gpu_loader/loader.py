@@ -773,7 +773,9 @@ class ImageLoader:
             return self._stats_at_close  # the record of the run, after `close()`
         active = self._epoch()
         engine = active.engine_stats() if active is not None else self._last_engine_stats
-        monitor = self._monitor or _make_monitor(self)
+        # A monitor made only to read a snapshot never samples: no CUDA call for it (QA:
+        # a stats() before the first epoch initialised CUDA, and a fork after it failed).
+        monitor = self._monitor or _make_monitor(self, for_sampling=False)
         return monitor.stats(engine, failures=self._failure_count())
 
     def batching_stats(self) -> BatcherStats | None:
@@ -1187,13 +1189,15 @@ def _default_io_threads(source: SampleIndex) -> int:
     return 16 if remote else 2
 
 
-def _make_monitor(loader: ImageLoader) -> Monitor:
+def _make_monitor(loader: ImageLoader, *, for_sampling: bool = True) -> Monitor:
     """NVML sampling of the loader's GPU when the device is CUDA, else of every GPU there is
-    (the CPU path may be feeding one); without NVML the report says "no GPU" once."""
+    (the CPU path may be feeding one); without NVML the report says "no GPU" once. Which
+    GPU is found through torch, which initialises CUDA: only for a monitor that will
+    sample (an epoch's, which initialises CUDA anyway)."""
     if not loader.options.monitor_gpu:
         return Monitor(MonitorConfig(gpu="off"))
     devices = uuids = None
-    if loader.device.type == "cuda":
+    if loader.device.type == "cuda" and for_sampling:
         index = _cuda_index(loader.device)
         devices = nvml_indices_for_cuda([index])  # the fallback: a MIG instance, old torch
         uuid = _cuda_uuid(index)

@@ -193,6 +193,15 @@ def test_a_cuda_loader_names_its_gpu_to_the_monitor_by_uuid(
     config = _make_monitor(loader).config  # type: ignore[arg-type]
     assert config.gpu_uuids == (uuid,) and config.gpu_devices is None
 
+    # A monitor made for one stats() snapshot never samples: it must not initialise CUDA
+    # (a process that forks after loader.stats() then failed).
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: calls.append("current") or 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: calls.append("props"))
+    config = _make_monitor(loader, for_sampling=False).config  # type: ignore[arg-type]
+    assert calls == [] and config.gpu_uuids is None and config.gpu_devices is None
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+
     def cpu_only_torch(index: int) -> object:
         raise AssertionError("Torch not compiled with CUDA enabled")
 
