@@ -55,7 +55,9 @@ class MonitorConfig:
             raise ValueError(f'`gpu` must be "auto" or "off", got {self.gpu!r}')
         if self.gpu_devices is not None:
             object.__setattr__(self, "gpu_devices", tuple(self.gpu_devices))
-        if self.gpu_uuids is not None:
+        if isinstance(self.gpu_uuids, str | bytes):  # one UUID, not its characters (QA)
+            object.__setattr__(self, "gpu_uuids", (self.gpu_uuids,))
+        elif self.gpu_uuids is not None:
             object.__setattr__(self, "gpu_uuids", tuple(self.gpu_uuids))
         if not 0.0 <= self.stall_threshold < 1.0:
             raise ValueError(f"`stall_threshold` must be in [0, 1), got {self.stall_threshold!r}")

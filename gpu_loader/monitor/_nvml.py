@@ -130,6 +130,8 @@ class NvmlSampler(PeriodicThread):
             )
         self.window_s = check_interval("window_s", window_s)
         self._requested = device_indices
+        if isinstance(device_uuids, str | bytes):  # one UUID, not its characters (QA)
+            device_uuids = [device_uuids]
         self._uuids = None if device_uuids is None else tuple(map(_plain_uuid, device_uuids))
         self._nvml = nvml
         self._clock = clock
@@ -207,13 +209,12 @@ class NvmlSampler(PeriodicThread):
         if not self._uuids:
             return None
         found: dict[str, int] = {}
-        try:
-            for i in range(count):
+        for i in range(count):
+            try:
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(i)
                 found.setdefault(_plain_uuid(self._nvml.nvmlDeviceGetUUID(handle)), i)
-        except Exception as exc:  # an old driver, a fake without UUIDs: indices then
-            _log.debug("NVML device UUIDs could not be read (%s)", _describe(exc))
-            return None
+            except Exception as exc:  # that device only (no permission, an old driver)
+                _log.debug("NVML device %d's UUID could not be read (%s)", i, _describe(exc))
         missing = [u for u in self._uuids if u not in found]
         if missing:
             _log.debug("no NVML device has UUID %s; sampling by index", ", ".join(missing))

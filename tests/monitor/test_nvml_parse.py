@@ -183,6 +183,7 @@ def test_a_cuda_loader_names_its_gpu_to_the_monitor_by_uuid(
 
     import gpu_loader as gl
     from gpu_loader.loader import _make_monitor
+    from gpu_loader.monitor import MonitorConfig
 
     uuid = "ffc79498-8ff3-c2dc-3b0d-fafd804516ae"
     props = {3: types.SimpleNamespace(uuid=uuid)}
@@ -192,6 +193,7 @@ def test_a_cuda_loader_names_its_gpu_to_the_monitor_by_uuid(
     loader = types.SimpleNamespace(options=gl.LoaderOptions(), device=torch.device("cuda"))
     config = _make_monitor(loader).config  # type: ignore[arg-type]
     assert config.gpu_uuids == (uuid,) and config.gpu_devices is None
+    assert MonitorConfig(gpu_uuids=f"GPU-{uuid}").gpu_uuids == (f"GPU-{uuid}",)  # not chars
 
     # A monitor made for one stats() snapshot never samples: it must not initialise CUDA
     # (a process that forks after loader.stats() then failed).

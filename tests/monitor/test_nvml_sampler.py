@@ -128,6 +128,19 @@ def test_device_uuids_pick_the_device_whatever_the_indices_say(
     (dev,) = snap.devices
     assert dev.index == 2 and dev.sm_util_percent == 20.0
 
+    # One UUID given bare is that UUID, not its characters (every GPU was sampled), and a
+    # device whose UUID cannot be read does not stop the others matching (QA).
+    class OneUnreadable(FakeNvml):
+        def nvmlDeviceGetUUID(self, handle: int) -> str | bytes:
+            if handle == 0:
+                raise FakeNVMLError(4)  # NVML_ERROR_NO_PERMISSION
+            return super().nvmlDeviceGetUUID(handle)
+
+    nvml = OneUnreadable(gpus=gpus)
+    with NvmlSampler(device_uuids=uuid_of(1), interval_s=MS, nvml=nvml) as sampler:
+        assert wait_until(lambda: nvml.reads >= 1)
+        assert [d.index for d in sampler.snapshot().devices] == [1]
+
 
 def test_a_uuid_nvml_does_not_list_falls_back_to_the_indices(
     caplog: pytest.LogCaptureFixture,
