@@ -192,8 +192,8 @@ def expand_urls(pattern: str) -> list[str]:
     end has a leading zero. Letter and negative ranges (``{a..c}``, ``{-1..1}``) stay
     literal text, and a backward range is refused. A pattern that names one path twice is
     refused (a shard read twice would give its samples twice per epoch), and so is one
-    that expands to more than `MAX_EXPANDED_URLS` (1,000,000) names, checked before a
-    range is built."""
+    that expands to more than `MAX_EXPANDED_URLS` (1,000,000) names (a range is counted
+    before it is built; a product of several as soon as the names built so far pass it)."""
     urls = _expand(pattern, pattern)
     seen: set[str] = set()
     for url in urls:
