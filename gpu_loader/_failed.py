@@ -29,12 +29,17 @@ class FailedSample:
     """The epoch it failed in."""
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a file name that is not holds surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def shown_key(key: str) -> str:
     """A key as the commands' listings print it: as it is, or quoted (``repr``) when it
     holds a newline or another character that cannot be printed (QA: a key with a newline
     split its line of a listing in two), or a name that is not UTF-8 (its surrogates)."""
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return repr(key)
-    return key if key.isprintable() else repr(key)
+    return key if is_utf8(key) and key.isprintable() else repr(key)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import gpu_loader
-from gpu_loader._failed import shown_key
+from gpu_loader._failed import is_utf8, shown_key
 from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
@@ -200,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         "decoders, print each file that fails with its key and error, and optionally "
         "write the good ones as a CSV list the loader takes. Exit status 1 when a file "
         "is bad, or when a good one cannot be listed in --good-list (a name that is not "
-        "UTF-8, which a CSV cannot hold: it is left out and named). Worth running before training on the GPU path, which may deliver a "
-        "JPEG with damaged compressed data instead of reporting it.",
+        "UTF-8, which a CSV cannot hold: it is left out and named). Worth running before "
+        "training on the GPU path, which may deliver a JPEG with damaged compressed data "
+        "instead of reporting it.",
     )
     verify.add_argument("--data", required=True, help=_DATA_HELP)
     verify.add_argument("--threads", type=int, help="threads per stage (default: CPU count)")
@@ -489,7 +490,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for i in good:
             # Absolute: the CSV's own folder is where relative paths are taken from.
             path = _absolute(index.key(i))
-            if _utf8(path):
+            if is_utf8(path):
                 writer.writerow((path, index.label(i)))
             else:  # a CSV list is UTF-8 (QA: a traceback, and a list cut at this row)
                 unlisted.append(path)
@@ -507,15 +508,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _write_whole(args.json, json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
         print(f"bad files written to {args.json}")
     return 1 if bad or unlisted else 0
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8 (a file name that is not holds surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _write_whole(path: Path, text: str) -> None:
