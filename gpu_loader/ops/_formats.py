@@ -392,7 +392,7 @@ def jpeg_orientation(data: bytes | memoryview) -> int:
     exif: list[bytes] = []
     for marker, at, size in _jpeg_segments(view):
         _add_exif_segment(exif, view, marker, at, size)
-    return _tiff_orientation(b"".join(exif)) if exif else 1
+    return _tiff_orientation(b"".join(exif))  # 1 for none: b"" has no TIFF magic
 
 
 def _add_exif_segment(exif: list[bytes], view: memoryview, marker: int, at: int, size: int) -> None:
@@ -430,7 +430,7 @@ def jpeg_header(data: bytes | memoryview) -> tuple[int, int, str, int] | None:
     exif: list[bytes] = []
     for marker, at, size in _jpeg_segments(view):
         if marker == 0xDA:
-            orientation = _tiff_orientation(b"".join(exif)) if exif else 1
+            orientation = _tiff_orientation(b"".join(exif))
             return _header_result(frame, jfif, adobe, orientation)
         if marker in _SOF_HUFFMAN:
             if frame is not None or size < 6 or view[at] != 8 or size != 6 + 3 * view[at + 5]:
@@ -484,8 +484,8 @@ def _tiff_orientation(tiff: bytes) -> int:
     tests it); entries of unknown types, with no values, repeating a tag already read,
     or past the running out-of-line budget (the block's size) are skipped; an entry cut
     short, or out-of-line values running past the block, end the walk. The first
-    Orientation entry read decides: any number equal to an integer 1-8 (an integer type,
-    FLOAT, DOUBLE, RATIONAL), the first of several. The native ``jpeg_header`` walks the
+    Orientation entry read decides: any number equal to an integer 1-8 (`_TIFF_NUMBERS`,
+    RATIONAL and SRATIONAL; not BYTE), the first of several. The native ``jpeg_header`` walks the
     same rules in C (tests compare both with Pillow on fuzzed blocks).
     """
     if tiff[:6] == b"Exif\x00\x00":

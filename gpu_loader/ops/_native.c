@@ -884,8 +884,8 @@ static uint64_t tiff_unit(unsigned type) {
     }
 }
 
-/* The orientation a field's first value gives (_formats._tiff_number), 1 when it is not a
-   number equal to an integer 1-8. */
+/* The orientation a field's first value gives (_formats._tiff_orientation_value), 1 when
+   it is not a number equal to an integer 1-8. */
 static int tiff_orientation_value(const uint8_t *v, unsigned type, int little) {
     double value;
     switch (type) {
