@@ -221,20 +221,24 @@ def _anchored(url: str) -> str:
     return "::".join([*links, os.path.abspath(last)])
 
 
+def _path_link(url: str) -> tuple[list[str], int]:
+    """``url``'s links (one unless chained; a relative local last link made absolute) and
+    the index of the first with a path (``proto://...``), -1 when none has one."""
+    links = _anchored(url).split("::") if chained(url) else [url]
+    return links, next((k for k, link in enumerate(links) if "://" in link), -1)
+
+
 def url_affixes(root: str) -> tuple[str, str]:
     """``(prefix, suffix)`` with ``prefix + relative path + suffix`` the URL of a file under
     the fsspec URL ``root``. In a chained URL the path belongs to the first link that has
     one (``zip://c/a.jpg::memory://z.zip``): appended to the whole chain it named the
     archive's own path as a folder, and every read failed (QA)."""
-    root = _anchored(root)
-    if chained(root):
-        links = root.split("::")
-        for k, link in enumerate(links):
-            if "://" in link:
-                rest = links[k + 1 :]
-                head = "::".join([*links[:k], _as_folder(link)])
-                return head, "::" + "::".join(rest) if rest else ""
-    return _as_folder(root), ""
+    links, k = _path_link(root)
+    if k < 0:
+        return _as_folder(root), ""
+    head = "::".join([*links[:k], _as_folder(links[k])])
+    rest = links[k + 1 :]
+    return head, "::" + "::".join(rest) if rest else ""
 
 
 def _as_folder(url: str) -> str:
@@ -250,21 +254,18 @@ def path_link(url: str) -> str:
     """The link of a chained URL that holds its path (``zip://l/t.csv::s3://b/z.zip`` ->
     ``zip://l/t.csv``; ``simplecache::s3://b/s.tar`` -> ``s3://b/s.tar``); ``url`` itself
     when it is not chained. What names the file, its extension included."""
-    if not chained(url):
-        return url
-    return next((link for link in url.split("::") if "://" in link), url)
+    links, k = _path_link(url)
+    return links[k] if k >= 0 else url
 
 
 def url_parent(url: str) -> str:
     """The URL of the folder ``url`` names a file in (``memory://a/l.csv`` -> ``memory://a``;
     in a chained URL, the link that holds the path: ``zip://l/t.csv::s3://b/z.zip`` ->
     ``zip://l::s3://b/z.zip``)."""
-    links = _anchored(url).split("::") if chained(url) else [url]
-    for k, link in enumerate(links):
-        protocol, has_path, path = link.partition("://")
-        if has_path:
-            links[k] = f"{protocol}://{posixpath.dirname(path)}"  # memory://l.csv -> memory://
-            break
+    links, k = _path_link(url)
+    if k >= 0:
+        protocol, _, path = links[k].partition("://")
+        links[k] = f"{protocol}://{posixpath.dirname(path)}"  # memory://l.csv -> memory://
     return "::".join(links)
 
 
