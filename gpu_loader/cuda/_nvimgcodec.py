@@ -17,8 +17,11 @@ itself, so the caller keeps the slice until the stream has passed the decode.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -49,7 +52,7 @@ class NvImageCodecDecoder:
         backends: Sequence[DecodeBackend] = GPU_BACKENDS,
         max_cpu_threads: int = DECODER_THREADS,
     ) -> None:
-        nvimgcodec = require("nvidia.nvimgcodec", "GPU batch decode")
+        nvimgcodec = import_quietly()
         if (version := getattr(nvimgcodec, "__version__", None)) is not None:
             check_version(str(version))
         if device_id is None:
@@ -88,6 +91,29 @@ class NvImageCodecDecoder:
         return [
             None if im is None else as_device_image(im) for im in self.decode_images(blobs, stream)
         ]
+
+
+VERBOSITY_ENV = "PYNVIMGCODEC_VERBOSITY"
+
+
+def import_quietly() -> ModuleType:
+    """``nvidia.nvimgcodec``, imported with its log off unless the user set its level.
+
+    nvImageCodec writes a coloured ``[ERROR]``/``[WARNING]`` line to stderr for every file
+    it cannot parse or decode, two lines per bad file, and reads its level
+    (``PYNVIMGCODEC_VERBOSITY``) once, at import. Each such file is decoded again on the
+    CPU here, and one that fails there too is reported with its key and the CPU decoder's
+    error, so those lines only repeat it. The variable is set for the import alone and
+    removed again, so the process environment (and its children) keep what they had;
+    a level the user set, ``PYNVIMGCODEC_VERBOSITY=1`` to see the lines, is kept.
+    """
+    if "nvidia.nvimgcodec" in sys.modules or VERBOSITY_ENV in os.environ:
+        return require("nvidia.nvimgcodec", "GPU batch decode")
+    os.environ[VERBOSITY_ENV] = "0"
+    try:
+        return require("nvidia.nvimgcodec", "GPU batch decode")
+    finally:
+        os.environ.pop(VERBOSITY_ENV, None)
 
 
 MIN_VERSION = (0, 9)
