@@ -111,6 +111,43 @@ def _fail(key: str, reason: str) -> DecodeError:
     return DecodeError(f"cannot decode image {key!r}: {reason}")
 
 
+MAX_JPEG_SCANS = 256
+"""The most scans a JPEG may have. Each scan of a progressive JPEG is a pass over the whole
+image, so a crafted file of thousands of tiny scans (valid ones, a few bytes each) held a
+decode thread for seconds to minutes: 26 s for a 714 KB file of 20,000 scans through
+simplejpeg (cure53's libjpeg-turbo report, LJT-01-004). Encoders write about 10 (libjpeg's
+progressive script: 10 for colour, 6 for grey); nvImageCodec refuses more than 256 by
+default too. The native decoder stops at the same limit (a libjpeg progress monitor,
+``_native.MAX_JPEG_SCANS``)."""
+
+_SOS = b"\xff\xda"
+
+
+def check_scans(key: str, buf: bytes | memoryview) -> None:
+    """Refuse a JPEG with more than `MAX_JPEG_SCANS` scan markers before a decoder walks them.
+
+    Counts every 0xFF 0xDA pair: inside compressed data 0xFF is always stuffed or a marker,
+    so only bytes in other segments (an EXIF thumbnail's own scans) can add to the count.
+    ~50 us for 60 KB, on the paths where libjpeg gets no progress monitor (simplejpeg,
+    Pillow); the native decoder counts in its monitor instead.
+    """
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    count = data.count(_SOS)
+    if count > MAX_JPEG_SCANS:
+        raise too_many_scans(key, count)
+
+
+def too_many_scans(key: str, count: int | None = None) -> DecodeError:
+    """The error for a JPEG past `MAX_JPEG_SCANS`; ``count``: its scan markers, if counted."""
+    found = f"{count:,} scan markers, more than" if count is not None else "more than"
+    return _fail(
+        key,
+        f"{found} the {MAX_JPEG_SCANS} scans a JPEG may have here: a crafted file (each scan "
+        "of a progressive JPEG is a pass over the whole image, so thousands of tiny ones "
+        "hold a decoder for minutes)",
+    )
+
+
 def _check_pixels(key: str, height: int, width: int, max_pixels: int) -> None:
     if height < 1 or width < 1:
         raise _fail(key, f"header gives an empty image ({height}x{width}); the file is corrupt")
@@ -291,6 +328,7 @@ def _decode_jpeg(
     if not exif:
         orientation = 1  # the pixels as stored
     _check_pixels(key, height, width, max_pixels)
+    check_scans(key, buf)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
         return _decode_pillow(

@@ -16,6 +16,7 @@ from gpu_loader.ops._decode import (
     _MIN_SIDE_FOR_DCT,
     DCT_FACTORS,
     DEFAULT_MAX_PIXELS,
+    MAX_JPEG_SCANS,
     DecodeError,
     _as_bytes,
     _check_pixels,
@@ -23,6 +24,7 @@ from gpu_loader.ops._decode import (
     cap_dct_factor,
     decode_at,
     probe_size,
+    too_many_scans,
 )
 from gpu_loader.ops._formats import sniff
 from gpu_loader.ops._transform import _check_out, native_target, transform_into
@@ -33,6 +35,8 @@ from gpu_loader.ops._transforms import (
     Random,
     TrainTransform,
 )
+
+_NATIVE_SCANS = f"more than {MAX_JPEG_SCANS} scans"  # the native decoder's progress monitor
 
 
 def load_into(
@@ -147,6 +151,8 @@ def _load_jpeg_native(
             ),
         )
     except native.JpegError as exc:
+        if str(exc) == _NATIVE_SCANS:
+            raise too_many_scans(key) from None
         raise DecodeError(
             f"cannot decode image {key!r}: corrupt or truncated JPEG data ({exc})"
         ) from None

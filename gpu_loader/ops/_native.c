@@ -565,6 +565,24 @@ static void on_message(j_common_ptr cinfo, int level) {
     if (level < 0) on_error(cinfo);
 }
 
+/* A progressive JPEG's every scan walks the whole coefficient buffer, so a few bytes per
+   scan buy a pass over the image: a crafted file of thousands of tiny scans (valid ones,
+   which raise no warning) holds a decode thread for seconds to minutes (cure53's
+   libjpeg-turbo report, LJT-01-004). libjpeg-turbo's advice is a progress monitor with a
+   scan limit; nvImageCodec's default limit is the same (NVIMGCODEC_MAX_JPEG_SCANS). The
+   Python paths count scan markers first (_decode.check_scans, the same limit). */
+enum { MAX_JPEG_SCANS = 256 };
+
+static void on_progress(j_common_ptr cinfo) {
+    if (!cinfo->is_decompressor) return;
+    const int scans = ((j_decompress_ptr)cinfo)->input_scan_number;
+    if (scans > MAX_JPEG_SCANS) {
+        ErrorManager *e = (ErrorManager *)cinfo->err;
+        snprintf(e->message, sizeof(e->message), "more than %d scans", MAX_JPEG_SCANS);
+        longjmp(e->jump, 1);
+    }
+}
+
 static PyObject *JpegError;
 
 enum { ROWS_PER_READ = 16 }; /* scanlines asked of libjpeg per call */
@@ -573,6 +591,7 @@ enum { CROP_MARGIN = 16 }; /* pixels: the widest iMCU (h2 sampling, 8x8 blocks) 
 typedef struct {
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
+    struct jpeg_progress_mgr progress;
     Resizer r;
     JSAMPLE *rows;
     int created;
@@ -591,6 +610,8 @@ static int jpeg_job_run(JpegJob *job, const uint8_t *data, size_t size, int deno
     if (setjmp(job->err.jump)) return 1;
     jpeg_create_decompress(cinfo);
     job->created = 1;
+    job->progress.progress_monitor = on_progress;
+    cinfo->progress = &job->progress;
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
     const int grey = cinfo->jpeg_color_space == JCS_GRAYSCALE;
@@ -1357,5 +1378,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
 #endif
+    if (PyModule_AddIntConstant(m, "MAX_JPEG_SCANS", MAX_JPEG_SCANS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

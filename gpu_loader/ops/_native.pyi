@@ -3,6 +3,7 @@
 from typing_extensions import Buffer
 
 LIBJPEG_TURBO_VERSION: int
+MAX_JPEG_SCANS: int
 
 class JpegError(ValueError): ...
 

@@ -83,10 +83,30 @@ def main(so_path: str, cases_path: str) -> None:
     reads = _check_reads(native, cases)
     headers = _check_headers(native, cases, rng)
     scans = _check_data_walk(native, cases, rng)
+    limit = _check_scan_limit(native)
     print(
         f"asan ok: {exact} exact, {failed} damaged files refused, {reads} reads, "
-        f"{headers} headers, {scans} data walks"
+        f"{headers} headers, {scans} data walks, scan limit {limit}"
     )
+
+
+def _check_scan_limit(native: object) -> int:
+    """The progress monitor's stop (a longjmp out of libjpeg mid-input) at the scan limit."""
+    from _jpeg_scans import many_scans  # beside this script
+
+    limit: int = native.MAX_JPEG_SCANS  # type: ignore[attr-defined]
+    decode = native.decode_resize_jpeg  # type: ignore[attr-defined]
+    out = np.empty((3, 8, 8), np.float32)
+    args = (1, 64, 64, (0.0, 0.0, 64.0, 64.0), out, 8, 8, False, 0, SCALE, SHIFT)
+    decode(many_scans(limit, 64), *args)
+    for scans in (limit + 1, 3 * limit):
+        try:
+            decode(many_scans(scans, 64), *args)
+        except ValueError as exc:
+            assert str(exc) == f"more than {limit} scans", exc
+        else:
+            raise AssertionError(f"{scans} scans were decoded")
+    return limit
 
 
 def _check_data_walk(native: object, cases: list[bytes], rng: np.random.Generator) -> int:

@@ -127,4 +127,4 @@ def test_native_is_memory_safe_under_asan(tmp_path: Path) -> None:
         env=env,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "asan ok:" in run.stdout
+    assert "asan ok:" in run.stdout and "scan limit 256" in run.stdout, run.stdout
