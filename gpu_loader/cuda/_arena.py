@@ -255,21 +255,28 @@ class PinnedArena:
         """Read sample ``index`` straight into a slice; returns the slice and its bytes.
 
         The slice is sized from ``source.nbytes`` when known, else ``guess``; a file that
-        turns out larger is retried once with its exact size. The slice is released if
-        the read fails.
+        turns out larger is retried once with its exact size (from the bytes the failed
+        read already holds, where it had to read them whole: a remote file is not
+        downloaded twice). The slice is released if the read fails.
         """
         known = source.nbytes(index)
         if known is not None:
             check_size(key, known)  # the byte limit first: not after waiting for room
         want = known if known is not None else min(guess, self.capacity)
+        read: bytes | None = None
         for _ in range(2):
             piece = self.acquire(max(want, 1), timeout=timeout, stop_event=stop_event, key=key)
             try:
-                count = source.readinto(index, piece.view)
+                if read is not None and len(read) <= len(piece.view):
+                    count = len(read)
+                    piece.view[:count] = read
+                else:
+                    count = source.readinto(index, piece.view)
             except BufferTooSmallError as exc:
                 self.release(piece)
                 want = exc.nbytes  # the exact size, learnt from the failed read
                 check_size(key, want)
+                read = exc.data
                 continue
             except BaseException:
                 self.release(piece)

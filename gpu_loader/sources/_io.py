@@ -33,10 +33,12 @@ class BufferTooSmallError(ValueError):
     """A sample does not fit the buffer given to ``readinto``.
 
     Carries ``key``, ``nbytes`` (the sample's size) and ``capacity`` (the buffer's
-    size), so a caller can grow its buffer and retry.
+    size), so a caller can grow its buffer and retry; and ``data``, the sample's bytes
+    where they had to be read whole to learn the size (a remote file), so that the retry
+    copies them instead of downloading the file again (None otherwise).
     """
 
-    def __init__(self, key: str, nbytes: int, capacity: int) -> None:
+    def __init__(self, key: str, nbytes: int, capacity: int, data: bytes | None = None) -> None:
         super().__init__(
             f"sample {key!r} is {nbytes} bytes but the buffer holds only {capacity}; "
             f"pass a buffer of at least {nbytes} bytes (use nbytes(i) to size it)"
@@ -44,6 +46,7 @@ class BufferTooSmallError(ValueError):
         self.key = key
         self.nbytes = nbytes
         self.capacity = capacity
+        self.data = data
 
 
 MAX_FILE_BYTES = 1 << 30
@@ -515,7 +518,7 @@ def readinto_range(
 
 def copy_into(key: str, data: bytes, view: memoryview) -> int:
     if len(data) > view.nbytes:
-        raise BufferTooSmallError(key, len(data), view.nbytes)
+        raise BufferTooSmallError(key, len(data), view.nbytes, data)
     view[: len(data)] = data
     return len(data)
 

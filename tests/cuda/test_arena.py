@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -281,3 +283,31 @@ def test_fetch_hands_back_exactly_the_files_bytes(tmp_path, sizes_known: bool) -
     piece, data = arena.fetch(source, 0, key="x.bin", guess=4 * ALIGN)
     assert len(data) == len(payload) and bytes(data) == payload
     piece.release()
+
+
+def test_a_remote_file_larger_than_the_guess_is_downloaded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A remote file is read whole to learn its size; the retry in a slice of that size
+    # copied nothing from that read and downloaded the file again.
+    fs = fsspec.filesystem("memory")
+    payload = bytes(range(256)) * 20  # 5120 bytes, larger than the first guess
+    fs.pipe_file("/arena-once/x.bin", payload)
+    reads: list[str] = []
+    original = type(fs).cat_file
+
+    def counted(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(path)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(type(fs), "cat_file", counted)
+    source = FileList([("memory://arena-once/x.bin", 0)])
+    assert source.nbytes(0) is None
+    arena = PinnedArena(64 * ALIGN)
+    try:
+        piece, data = arena.fetch(source, 0, key="x.bin", guess=ALIGN)
+        assert bytes(data) == payload and len(reads) == 1
+        assert arena.stats().acquires == 2 and arena.stats().live_slices == 1
+        piece.release()
+    finally:
+        fs.rm("/arena-once", recursive=True)
