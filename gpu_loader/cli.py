@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_failure_limit,
         default=0.01,
         metavar="N|RATE|none",
-        help="bad files tolerated per stage before the run stops: a count, a rate in (0, 1), "
+        help="bad files tolerated per stage before the run stops: a count, a rate in (0, 1], "
         "or none for no limit (default: 0.01); bad files are listed in the report (the "
         "first 20 in the text; --json has all, with their errors)",
     )
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------- helpers
 def _failure_limit(text: str) -> int | float | None:
-    """``--max-failures``: ``none``, a count, or a rate in (0, 1)."""
+    """``--max-failures``: ``none``, a count, or a rate in (0, 1]."""
     if text.lower() == "none":
         return None
     from gpu_loader.pipeline._defs import check_max_failures
@@ -237,7 +237,7 @@ def _failure_limit(text: str) -> int | float | None:
     try:
         check_max_failures(value)  # the loader's own rule
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r}: a count >= 0 or a rate in (0, 1)") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a count >= 0 or a rate in (0, 1]") from None
     return value
 
 

@@ -265,9 +265,9 @@ class ImageLoader:
     decode is left out and listed in `failed_samples()` with its key. The epoch stops with
     `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
     naming its sample) once one stage's failures pass ``max_failures``: an int count, a
-    rate in (0, 1) over the stage's samples at the end (earlier only once it has seen 100
-    and the rate is above the limit beyond doubt: 99.9% confidence), or None for no
-    limit. It counts per stage (read and decode separately; on the GPU path fetch, and
+    rate in (0, 1] over the stage's samples at the end (earlier only once it has seen 100
+    and the rate is above the limit beyond doubt: 99.9% confidence), or None (or 1.0) for
+    no limit. It counts per stage (read and decode separately; on the GPU path fetch, and
     GPU decode per sample). ``on_error="raise"`` stops at
     the first failure, with the same exception.
 

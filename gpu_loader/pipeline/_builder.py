@@ -69,7 +69,7 @@ class PipelineBuilder:
         calls ``state = worker_init()`` once when it starts and the op is called as
         ``op(item, state)``, so per-thread resources (a CUDA stream, a decoder) are made
         once per thread. An op that raises drops the item and records a failure;
-        ``max_failures`` (None: no limit; an int: a count; a float in (0, 1): a rate)
+        ``max_failures`` (None: no limit; an int: a count; a float in (0, 1]: a rate)
         says when the pipeline must stop and raise ``PipelineFailure``;
         ``failures_before=(calls, failures)`` counts those of an earlier run of the same
         stream against it too (a resumed job: the limit applies to the whole).

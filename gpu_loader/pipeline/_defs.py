@@ -113,18 +113,19 @@ def check_max_failures(value: int | float | None) -> None:
     if value is None:
         return
     if isinstance(value, bool):
-        raise TypeError(f"`max_failures` must be an int, a float in (0, 1) or None, got {value}")
+        raise TypeError(f"`max_failures` must be an int, a float in (0, 1] or None, got {value}")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"`max_failures` must be >= 0 as a count, got {value}")
         return
     if isinstance(value, float):
-        if not 0.0 < value < 1.0:
+        if not 0.0 < value <= 1.0:  # 1.0: every sample may fail, as None
             raise ValueError(
-                f"`max_failures` as a rate must be in (0, 1), got {value}; pass an int for a count"
+                f"`max_failures` as a rate must be in (0, 1], got {value}; pass an int for a "
+                "count, or None for no limit"
             )
         return
-    raise TypeError(f"`max_failures` must be an int, a float in (0, 1) or None, got {value!r}")
+    raise TypeError(f"`max_failures` must be an int, a float in (0, 1] or None, got {value!r}")
 
 
 def op_name(op: Callable[..., Any]) -> str:

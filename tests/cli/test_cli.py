@@ -168,7 +168,7 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("make-dataset", "/proc/gpu-loader-test", "--num", "3"), "cannot write the dataset"),
         (("make-dataset", "/dev/null/x", "--num", "3"), "cannot write the dataset"),
         (("inspect", "--data", ".", "--size", "0"), "--size must be > 0"),
-        (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1)"),
+        (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1]"),
         (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
         (("demo", "--threads", "0", "--data", "."), "--threads must be > 0"),
         (("demo", "--device", "tpu", "--data", "."), "--device must be auto, cpu, cuda"),

@@ -282,6 +282,16 @@ def test_an_unlucky_start_under_the_limit_does_not_stop_the_stream() -> None:
     assert len(out) == n - 100 and len(p.failures()) == 100
 
 
+def test_a_rate_of_one_never_stops_the_stream() -> None:
+    # "Every item may fail": refused before as a rate outside (0, 1), with a hint to pass
+    # an int for a count, where max_failures=1 would stop at the second failure.
+    out, p = run(150, fail_on(set(range(150))), max_failures=1.0)
+    assert out == [] and len(p.failures()) == 150
+    for limit in (0.0, 1.5, -0.5):
+        with pytest.raises(ValueError, match=r"must be in \(0, 1\].*None for no limit"):
+            run(1, fail_on(set()), max_failures=limit)
+
+
 def test_a_clearly_broken_stream_still_stops_early() -> None:
     # Half the calls fail against max_failures=0.1: stopped soon after the warm-up, not
     # at the end of the stream.
