@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -717,9 +718,9 @@ class EpochBase:
                                     # The engine's message would advise raising
                                     # max_failures, which this mode does not use.
                                     raise limit_failure(
-                                        self.failure_advice(), exc.exceptions
+                                        self.failure_advice(exc.exceptions), exc.exceptions
                                     ) from None
-                                add_note(exc, self.failure_advice())
+                                add_note(exc, self.failure_advice(exc.exceptions))
                             raise
                         padding = ended = produced is None
                         if padding:
@@ -909,12 +910,14 @@ class EpochBase:
             max_pixels=loader.options.max_pixels,
         )
 
-    def failure_advice(self) -> str:
+    def failure_advice(self, causes: Sequence[BaseException]) -> str:
         """What a training loop hit by `PipelineFailure` can do, in the loader's terms (the
-        engine's own message speaks of the engine)."""
+        engine's own message speaks of the engine). "First" is the first of ``causes``,
+        the failures of the stage that stopped: the epoch's first failure may be another
+        stage's, which the exception does not hold (QA: the message named a missing file
+        while the error inside was another file's DecodeError)."""
         loader = self.loader
-        failed = self.failures()
-        first = f" First: {failed[0].key} ({failed[0].stage}: {failed[0].error})." if failed else ""
+        first = f" First: {described(causes[0])}." if causes else ""
         if loader.on_error == "raise":
             return (
                 f"ImageLoader(on_error='raise') stops at the first sample that fails.{first} "
@@ -1551,3 +1554,17 @@ Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
 def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
     stage = "augment" if raised_by_augment(record.error) else record.stage
     return FailedSample(key=record.key, stage=stage, error=str(record), epoch=epoch)
+
+
+_STAGE_NOTE = re.compile(r"stage: (?P<stage>[^,]+), sample: (?P<key>.*)", re.DOTALL)
+
+
+def described(exc: BaseException) -> str:
+    """A failure as `as_failed` words it, ``key (stage: Type: message)``, from the note its
+    stage put on it; the bare ``Type: message`` where it has none."""
+    error = f"{type(exc).__name__}: {exc}"
+    for note in reversed(getattr(exc, "__notes__", None) or []):
+        if isinstance(note, str) and (found := _STAGE_NOTE.fullmatch(note)):
+            stage = "augment" if raised_by_augment(exc) else found["stage"]
+            return f"{found['key']} ({stage}: {error})"
+    return error

@@ -383,9 +383,17 @@ def test_a_state_from_before_failures_were_kept_per_stage_counts_them_as_decode(
     fresh.load_state_dict(old)
     # Which stage passes the limit first races (a read failure further on may come before
     # the next decode failure; CI saw 'read'): the restored failures count all the same.
-    with pytest.raises(gl.PipelineFailure, match=r"First: .*corrupt\.jpg \(before resume"):
+    with pytest.raises(gl.PipelineFailure) as info:
         for _ in fresh:
             pass
+    found = re.match(r"stage '(\w+)': .*\((\d+) items failed\)", str(info.value))
+    assert found is not None and found[1] in ("decode", "read"), str(info.value)
+    if found[1] == "decode":  # with the restored ones: at once, or at its first new one
+        assert int(found[2]) in (failed, failed + 1)
+    else:  # the read stage's own failures
+        assert int(found[2]) == failed
+    restored = [f for f in fresh.failed_samples() if f.stage == "before resume"]
+    assert len(restored) == failed and any(f.key.endswith("corrupt.jpg") for f in restored)
     bad = json.loads(json.dumps(state))
     bad["batcher"]["failed_stages"] = {"decode": failed + 1}
     with pytest.raises(ValueError, match=r"failed_stages.*adding up"):

@@ -278,6 +278,34 @@ def test_too_many_failures_raise_pipeline_failure(
     assert loader.stats().failures == len(failed)
 
 
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_the_failure_named_first_is_one_the_exception_holds(
+    photo_dir: Path, tmp_path: Path, on_error: str
+) -> None:
+    # The message named the epoch's first failure, a missing file (read), while the
+    # exception held the decode failures that passed the limit (QA: `except*
+    # FileNotFoundError` missed what the message described).
+    good = [(str(p), i) for i, p in enumerate(image_files(photo_dir)[:8])]
+    corrupt = []
+    for name in ("corrupt1.jpg", "corrupt2.jpg"):
+        (tmp_path / name).write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+        corrupt.append((str(tmp_path / name), 90 + len(corrupt)))
+    items = [(str(tmp_path / "missing.jpg"), 99), *good[:4], *corrupt, *good[4:]]
+    limit = 1 if on_error == "skip" else None  # the read stage's one failure stays under 1
+    loader = make(
+        FileList(items), batch_size=2, shuffle=False, on_error=on_error, max_failures=limit
+    )
+    with pytest.raises(PipelineFailure) as info:
+        run_epoch(loader)
+    held = info.value.exceptions[0]
+    notes = " ".join(getattr(held, "__notes__", []))
+    advice = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    named = advice.split("First: ")[1].split(" (")[0]
+    assert f"sample: {named}" in notes, (str(info.value), notes)
+    if on_error == "skip":
+        assert named in {key for key, _ in corrupt} and str(info.value).startswith("stage 'decode'")
+
+
 def test_cost_lookahead_leaves_a_missing_file_to_its_read(
     bad_list: tuple[FileList, set[str]],
 ) -> None:
