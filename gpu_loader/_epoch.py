@@ -62,6 +62,7 @@ from gpu_loader.pipeline import (
 from gpu_loader.pipeline._errors import (
     FailurePolicy,
     add_note,
+    error_text,
     limit_failure,
     release_locals,
 )
@@ -1562,7 +1563,7 @@ _STAGE_NOTE = re.compile(r"stage: (?P<stage>[^,]+), sample: (?P<key>.*)", re.DOT
 def described(exc: BaseException) -> str:
     """A failure as `as_failed` words it, ``key (stage: Type: message)``, from the note its
     stage put on it; the bare ``Type: message`` where it has none."""
-    error = f"{type(exc).__name__}: {exc}"
+    error = error_text(exc)
     for note in reversed(getattr(exc, "__notes__", None) or []):
         if isinstance(note, str) and (found := _STAGE_NOTE.fullmatch(note)):
             stage = "augment" if raised_by_augment(exc) else found["stage"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -77,6 +78,8 @@ class PipelineBuilder:
         self._need_source("pipe")
         if name is not None and not (isinstance(name, str) and name):
             raise ValueError(f"`name` must be a non-empty str or None, got {name!r}")
+        if name == "source":
+            raise ValueError("stage name 'source' is the source's own; pick another")
         if name is not None and name in self._names():
             raise ValueError(f"stage name {name!r} is used twice; names must be unique")
         stage_name = name if name is not None else self._unique(op_name(op))
@@ -132,8 +135,13 @@ class PipelineBuilder:
             raise ValueError("call add_source(iterable) before build()")
         if self._sink is None:
             raise ValueError("call add_sink(buffer_size) before build()")
-        if report_interval is not None and not report_interval > 0:
-            raise ValueError(f"`report_interval` must be > 0 seconds, got {report_interval}")
+        if report_interval is not None and not 0 < report_interval <= threading.TIMEOUT_MAX:
+            # inf passed, and the reporter thread died of an OverflowError (QA52)
+            raise ValueError(
+                f"`report_interval` must be > 0 seconds and finite, got {report_interval}"
+            )
+        if on_report is not None and not callable(on_report):
+            raise TypeError(f"`on_report` must be callable or None, got {on_report!r}")
         if on_report is not None and report_interval is None:
             raise ValueError("`on_report` needs `report_interval` (seconds between reports)")
         stages: list[Stage] = [SourceStage(self._source, self._backpressure_s)]

@@ -7,6 +7,7 @@ Specs are frozen dataclasses checked in ``__post_init__`` so a bad argument fail
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,8 +104,8 @@ class SlowLane:
             )
         if not callable(self.clock):
             raise TypeError(f"`clock` must be a callable returning seconds, got {self.clock!r}")
-        if not self.poll_s > 0:
-            raise ValueError(f"`poll_s` must be > 0, got {self.poll_s}")
+        if not 0 < self.poll_s <= threading.TIMEOUT_MAX / 10:  # inf killed the watchdog (QA52)
+            raise ValueError(f"`poll_s` must be > 0 seconds and finite, got {self.poll_s}")
         if self.weight is not None and not callable(self.weight):
             raise TypeError(f"`weight` must be a callable or None, got {self.weight!r}")
 

@@ -44,7 +44,9 @@ def rate_clearly_over(failed: int, calls: int, limit: float) -> bool:
 def rate_passed(failed: int, calls: int, limit: float, *, final: bool) -> bool:
     """Whether a rate ``limit`` stops the run: at the end (``final``) the whole rate is over
     it; before, it is `rate_clearly_over`."""
-    return failed > limit * max(calls, 1) if final else rate_clearly_over(failed, calls, limit)
+    # A quotient, not `failed > limit * calls`: 0.29 * 100 is 28.999999999999996, so 29
+    # failures of 100 passed a limit of 0.29 (QA52).
+    return failed / max(calls, 1) > limit if final else rate_clearly_over(failed, calls, limit)
 
 
 # PipelineFailure carries at most this many causes; all of them stay in `failures()`.
@@ -126,10 +128,21 @@ class FailureRecord:
     @property
     def error_text(self) -> str:
         """``"ExcType: message"``."""
-        return f"{type(self.error).__name__}: {self.error}"
+        return error_text(self.error)
 
     def __str__(self) -> str:
         return self.error_text
+
+
+def error_text(exc: BaseException) -> str:
+    """``"ExcType: message"``, also for an error whose ``__str__`` raises: formatting one in
+    a stage thread's error handling killed the thread before it reported, and the
+    consumer waited forever (QA52)."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"<str() raised {type(inner).__name__}>"
+    return f"{type(exc).__name__}: {text}"
 
 
 def item_key(item: object, key_fn: Callable[[Any], object] | None) -> str:
@@ -141,7 +154,10 @@ def item_key(item: object, key_fn: Callable[[Any], object] | None) -> str:
             return f"{_repr.repr(item)} (key_fn raised {type(exc).__name__})"
     key = getattr(item, "key", None)
     if key is not None and not callable(key):
-        return str(key)
+        try:
+            return str(key)
+        except Exception as exc:  # nor a key that cannot be shown (QA52: a fatal error)
+            return f"{_repr.repr(item)} (str() of its key raised {type(exc).__name__})"
     return _repr.repr(item)
 
 

@@ -76,6 +76,8 @@ class OrderedPipeStage(PipeStage):
             counters.running_since = t1
             try:
                 result = call(item)
+            except Stopped:  # a generator op stopped between yields: not a failure
+                raise
             except Exception as exc:
                 result = self.failed(item, exc)
             t2 = pc()

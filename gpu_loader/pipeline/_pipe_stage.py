@@ -44,7 +44,20 @@ class PipeStage(Stage):
         for _ in range(self.concurrency):
             self.spawn_worker()
         if self._lane is not None:
-            rt.spawn(self._lane.watch, f"{self.name}:watchdog")
+            rt.spawn(self._watch, f"{self.name}:watchdog")
+
+    def _watch(self) -> None:
+        """The slow lane's watchdog; its own errors (a `LaneThreshold.limit` that raises or
+        gives no number, a clock that raises) stop the run as an engine error does, where
+        the thread died quietly and the lane was off for the rest of it (QA52)."""
+        rt, lane = self.rt, self._lane
+        assert rt is not None and lane is not None
+        try:
+            lane.watch()
+        except Stopped:
+            pass
+        except BaseException as exc:
+            rt.fail(as_failure(exc, self.name, "the slow-lane watchdog"))
 
     def spawn_worker(self, slot: WorkerSlot | None = None) -> bool:
         """Start one worker thread (also used by the slow lane for replacements)."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from gpu_loader._threads import InterruptSafeEvent, join_started, set_through_interrupts
 
 from ._channel import StopEvent
-from ._errors import PipelineFailure, add_note
+from ._errors import PipelineFailure, add_note, error_text
 
 logger = logging.getLogger("gpu_loader.pipeline")
 
@@ -30,8 +30,7 @@ def as_failure(exc: BaseException, stage: str, detail: str = "") -> BaseExceptio
     where = f"stage: {stage}" + (f", {detail}" if detail else "")
     add_note(exc, where)
     return PipelineFailure(
-        f"stage {stage!r} failed{' in ' + detail if detail else ''}: {type(exc).__name__}: {exc}",
-        [exc],
+        f"stage {stage!r} failed{' in ' + detail if detail else ''}: {error_text(exc)}", [exc]
     )
 
 

@@ -8,6 +8,7 @@ workers taking new items. At most ``max_threads`` workers are slow at a time.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,15 @@ class LaneState:
     def _move_stragglers(self) -> int:
         lane = self._lane
         with self._lock:
-            self._limit = limit = lane.threshold.limit()
+            limit = lane.threshold.limit()
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, numbers.Real) or limit != limit
+            ):  # a str or a NaN: the watchdog's error, which stops the run (QA52)
+                raise TypeError(
+                    f"LaneThreshold.limit() must return seconds (a real number, not NaN) or "
+                    f"None, got {limit!r}"
+                )
+            self._limit = limit
             self._wait = lane.poll_s
             if limit is None:
                 return 0

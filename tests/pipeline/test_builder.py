@@ -31,7 +31,7 @@ def test_public_names_are_sorted_and_exact() -> None:
         ({"concurrency": 2.0}, TypeError, "`concurrency` must be an int"),
         ({"output_order": "random"}, ValueError, "`output_order` must be one of"),
         ({"max_failures": -1}, ValueError, "`max_failures` must be >= 0"),
-        ({"max_failures": 1.5}, ValueError, r"rate must be in \(0, 1\)"),
+        ({"max_failures": 1.5}, ValueError, r"rate must be in \(0, 1\]"),
         ({"max_failures": True}, TypeError, "`max_failures` must be"),
         ({"name": ""}, ValueError, "`name` must be a non-empty str"),
         ({"worker_init": 3}, TypeError, "`worker_init` must be callable"),
