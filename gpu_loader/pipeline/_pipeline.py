@@ -123,6 +123,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._state = "built"  # -> "running" -> "closed"
         self._iterating = False
+        self._unstarted: weakref.finalize[Any, Any] | None = None
         self._completed = False
         self._finalizer = weakref.finalize(self, core.shutdown)
 
@@ -202,9 +203,16 @@ class Pipeline:
                 raise RuntimeError("this pipeline is already being iterated (single consumer)")
             self._iterating = True
         self.start()
-        return self._iterate(idle_s)
+        outputs = self._iterate(idle_s)
+        # A generator dropped before its first next() never runs its `finally`: the
+        # threads ran on and the pipeline stayed "being iterated" (QA52). Detached at the
+        # first next(), after which the generator's own `finally` closes.
+        self._unstarted = weakref.finalize(outputs, self.close)
+        return outputs
 
     def _iterate(self, idle_s: float | None) -> Iterator[Any]:
+        if self._unstarted is not None:
+            self._unstarted.detach()
         core = self._core
         rt, sink, add = core.rt, core.sink, core.consumer.add_task
         stopping, occupancy, data_get, credit_back = (

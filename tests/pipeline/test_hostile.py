@@ -3,6 +3,7 @@ never a hang, a false failure or a quietly disabled feature (QA52's cases)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -174,3 +175,18 @@ def test_arguments_that_broke_background_threads_are_refused_when_built() -> Non
             SlowLane(max_threads=1, threshold=Threshold(0.1), poll_s=poll)
     with pytest.raises(ValueError, match="'source' is the source's own"):
         PipelineBuilder().add_source(range(3)).pipe(lambda x: x, name="source")
+
+
+def test_an_iterator_dropped_before_its_first_next_closes_the_pipeline() -> None:
+    p = PipelineBuilder().add_source(range(1000)).pipe(lambda x: x, concurrency=2).add_sink()
+    pipeline = p.build()
+    outputs = iter(pipeline)  # starts the threads
+    assert pipeline.threads
+    del outputs
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while pipeline.threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pipeline.threads == []
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(pipeline)
