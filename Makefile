@@ -4,8 +4,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# A CPU build of torch: an unpinned `torch` would pull a multi-GB CUDA build.
+# torch pinned: an unpinned `torch` would pull the newest, multi-GB CUDA build. Which
+# build the pin gets is the package index's choice: this project's machines have the
+# CPU wheel on local disk; on plain PyPI (Linux) it is the CUDA one, and
+# `make TORCH_INDEX=https://download.pytorch.org/whl/cpu setup` takes the CPU one.
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 STAMP  := $(VENV)/.installed
 
 .PHONY: test demo lint setup clean
@@ -17,7 +22,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py gpu_loader/ops/_native.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet $(TORCH_FROM) "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[dev,cuda12]" "$(TORCH)"
 	touch $(STAMP)
 

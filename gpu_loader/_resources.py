@@ -31,7 +31,8 @@ def kernel_dir() -> Traversable:
         return here
     raise FileNotFoundError(
         "gpu_loader's kernels/ folder is missing from this installation; "
-        "reinstall the package (pip install --force-reinstall gpu-loader)"
+        "reinstall the package from its checkout (it is on no package index): "
+        "pip install --force-reinstall --no-deps ."
     )
 
 

@@ -24,8 +24,9 @@ _CHOICES = ("auto", "native", "pillow")
 _BUILD_HINT = (
     "the native CPU fast path (gpu_loader.ops._native) is not built; install a C compiler "
     "and libjpeg's headers (Debian/Ubuntu: apt-get install gcc libjpeg-dev; Fedora: "
-    "dnf install gcc libjpeg-turbo-devel), then reinstall: pip install --force-reinstall "
-    "--no-deps gpu-loader"
+    "dnf install gcc libjpeg-turbo-devel), then reinstall from the checkout (it is on no "
+    "package index): pip install --force-reinstall --no-deps . there (-e . for an "
+    "editable install; make setup after rm .venv/.installed)"
 )
 
 
