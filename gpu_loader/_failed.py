@@ -7,6 +7,7 @@ Its own module so the epoch code can import it at the top: a lazy import from
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -27,6 +28,11 @@ class FailedSample:
     """``ExceptionType: message``."""
     epoch: int
     """The epoch it failed in."""
+
+    def __iter__(self) -> Iterator[str | int]:
+        """``key, stage, error, epoch = failed``, as the README writes it (QA51: refused,
+        as a dataclass does not unpack)."""
+        return iter((self.key, self.stage, self.error, self.epoch))
 
 
 def is_utf8(text: str) -> bool:

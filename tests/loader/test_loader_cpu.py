@@ -276,6 +276,9 @@ def test_too_many_failures_raise_pipeline_failure(
     assert failed and {f.key for f in failed} <= bad_keys
     assert max(Counter((f.key, f.epoch) for f in failed).values()) == 1
     assert loader.stats().failures == len(failed)
+    key, stage, error, epoch = failed[0]  # unpacks as the README shows it
+    assert (key, stage, error, epoch) == (failed[0].key, failed[0].stage, failed[0].error, 0)
+    assert stage in ("read", "decode") and error.startswith(("DecodeError", "FileNotFound", "OS"))
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
