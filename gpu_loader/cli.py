@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a generated photo-like ImageFolder dataset",
         description="Write a deterministic ImageFolder of generated photo-like images "
         "(JPEG, a few PNG and grayscale files) to OUT. OUT may be new, empty, or an earlier "
-        "generated dataset: the same parameters reuse it, others replace it (said on "
-        "stderr); a folder holding any other file is refused.",
+        "generated dataset: the same parameters reuse it, others replace it (either said "
+        "on stderr); a folder holding any other file is refused.",
     )
     make.add_argument("out", type=Path, metavar="OUT", help="folder to write")
     make.add_argument("--num", type=int, default=2000, help="number of images (default: 2000)")
@@ -172,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
         "DataLoader/SPDL/DALI, engine overhead, stragglers, and GPU vs CPU when a GPU is "
         "usable), write their JSON and a PNG chart, and print the tables.",
     )
-    bench.add_argument("--only", help="comma list of benchmarks (default: all that apply)")
+    bench.add_argument(
+        "--only",
+        help="comma list of benchmarks, of cpu_loaders, pipeline_overhead, stragglers, "
+        "gpu_vs_cpu, gpu_profile (default: all that apply)",
+    )
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     bench.add_argument(
         "--out",
@@ -403,8 +407,9 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     except OSError as exc:  # a folder that cannot be made or written there
         raise CliError(f"{args.out}: cannot write the dataset there: {exc}") from None
     classes = min(args.num, args.classes)  # image i goes to class i % classes
+    fewer = f" (--classes {args.classes} > --num: one image each)" if classes < args.classes else ""
     print(
-        f"wrote {args.num} images in {classes} classes to {root} "
+        f"{root}: {args.num} images in {classes} classes{fewer} "
         f"({time.perf_counter() - start:.1f} s)"
     )
     return 0

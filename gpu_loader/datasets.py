@@ -86,7 +86,7 @@ def make_image_folder(
     a factor from ``heavy_scale`` (stragglers for the batching benchmark). JPEG quality is
     75-95. If ``root/manifest.json`` already records the same parameters, the folder is
     reused as is (generation is deterministic, so its bytes would be identical); an earlier
-    generation with other parameters is replaced (said on stderr with ``progress``), and a
+    generation with other parameters is replaced (both said on stderr with ``progress``), and a
     folder holding any other file is refused. ``progress``: a bar on a terminal, else a
     line per quarter.
     """
@@ -103,6 +103,8 @@ def make_image_folder(
     )
     root = Path(root)
     if manifest_matches(root, spec):
+        if progress:
+            print(f"{root}: reused (it holds this dataset already)", file=sys.stderr, flush=True)
         return root
     root.mkdir(parents=True, exist_ok=True)
     earlier = _generated_files(root)  # before anything is removed: a refused folder stays

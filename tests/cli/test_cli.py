@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -505,7 +506,11 @@ def test_make_dataset_again_replaces_the_earlier_images(tmp_path: Path) -> None:
         assert made.returncode == 0, made.stderr
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("img_*"))
     assert len(files) == 5 and len({f.split("/")[0] for f in files}) == 5
-    assert "wrote 5 images in 5 classes" in made.stdout
+    assert "5 images in 5 classes (--classes 10 > --num: one image each)" in made.stdout
+    assert "replacing an earlier generated dataset (12 images" in made.stderr
+    again = run("make-dataset", str(out), "--num", "5", "--classes", "10", *sides, cache=tmp_path)
+    assert again.returncode == 0 and "reused (it holds this dataset already)" in again.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("img_*")) == files
     (out / "notes.txt").write_text("mine")  # not the generator's: never deleted
     refused = run("make-dataset", str(out), "--num", "3", *sides, cache=tmp_path)
     assert refused.returncode == 2 and "notes.txt" in refused.stderr
@@ -563,3 +568,12 @@ def test_verify_lists_bad_files_and_writes_a_clean_list(tiny: Path, tmp_path: Pa
     # Off a terminal (a CI or cluster log) the progress is lines, not a bar's redraws:
     # it was one line of "\r"-joined counts.
     assert "\r" not in result.stderr + again.stderr
+
+
+def test_bench_only_names_every_benchmark_in_its_help() -> None:
+    from benchmarks.suite import BENCHMARKS
+    from gpu_loader.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    only = next(a for a in sub.choices["bench"]._actions if "--only" in a.option_strings)
+    assert only.help is not None and all(name in only.help for name in BENCHMARKS)
