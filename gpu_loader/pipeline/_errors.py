@@ -195,6 +195,14 @@ class FailurePolicy:
             # another thread's failure may record after it.
             return self._check(max(calls, len(self._records)), final=False)
 
+    def check_start(self) -> PipelineFailure | None:
+        """Before the first call: the failures counted ``before`` may pass the limit
+        already (a resume under a lower ``max_failures``). They were checked only at the
+        next failure or the end, so a stream with no new failure ran to its end first
+        (QA52)."""
+        with self._lock:
+            return self._check(0, final=False)
+
     def check_final(self, calls: int) -> PipelineFailure | None:
         """At end of stream: check a rate limit whatever the number of calls."""
         with self._lock:

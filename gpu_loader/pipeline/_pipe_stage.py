@@ -41,6 +41,9 @@ class PipeStage(Stage):
 
     def start(self, rt: Any) -> None:
         self.rt = rt
+        if (error := self.policy.check_start()) is not None:
+            rt.fail(error)
+            return
         for _ in range(self.concurrency):
             self.spawn_worker()
         if self._lane is not None:

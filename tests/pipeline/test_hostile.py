@@ -190,3 +190,27 @@ def test_an_iterator_dropped_before_its_first_next_closes_the_pipeline() -> None
     assert pipeline.threads == []
     with pytest.raises(RuntimeError, match="closed"):
         iter(pipeline)
+
+
+@pytest.mark.parametrize(("limit", "before"), [(2, (10, 5)), (0.1, (200, 100))])
+def test_failures_before_already_past_the_limit_stop_at_once(
+    limit: float, before: tuple[int, int]
+) -> None:
+    # A resume under a lower max_failures: the stream ran to its end (1,000 items
+    # computed and delivered) and only then raised.
+    calls = []
+
+    def op(x: int) -> int:
+        calls.append(x)
+        return x
+
+    for order in ("input", "completion"):
+        calls.clear()
+        p = PipelineBuilder().add_source(range(1000))
+        p = p.pipe(
+            op, concurrency=2, output_order=order, max_failures=limit, failures_before=before
+        )
+        with pytest.raises(PipelineFailure) as info:
+            consume(p.add_sink().build())
+        assert info.value.limit_reached and calls == []
+        assert "before the point this run resumed from" in str(info.value.exceptions[0])
