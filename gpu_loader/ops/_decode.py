@@ -35,6 +35,7 @@ from gpu_loader.ops._formats import (
     png_damage,
     pnm_damage,
     sniff,
+    walk_jpeg_data,
     webp_damage,
 )
 from gpu_loader.ops._transforms import CropParams
@@ -115,36 +116,53 @@ MAX_JPEG_SCANS = 256
 """The most scans a JPEG may have. Each scan of a progressive JPEG is a pass over the whole
 image, so a crafted file of thousands of tiny scans (valid ones, a few bytes each) held a
 decode thread for seconds to minutes: 26 s for a 714 KB file of 20,000 scans through
-simplejpeg (cure53's libjpeg-turbo report, LJT-01-004). Encoders write about 10 (libjpeg's
-progressive script: 10 for colour, 6 for grey); nvImageCodec refuses more than 256 by
-default too. The native decoder stops at the same limit (a libjpeg progress monitor,
-``_native.MAX_JPEG_SCANS``)."""
+simplejpeg (cure53's libjpeg-turbo report, LJT-01-004). Encoders write 6 to 18 (libjpeg's
+progressive scripts: 6 for grey, 10 for YCbCr, 18 for CMYK); nvImageCodec refuses more
+than 256 by default too. Large images may have fewer: `scan_limit`."""
 
-_SOS = b"\xff\xda"
-
-
-def check_scans(key: str, buf: bytes | memoryview) -> None:
-    """Refuse a JPEG with more than `MAX_JPEG_SCANS` scan markers before a decoder walks them.
-
-    Counts every 0xFF 0xDA pair: inside compressed data 0xFF is always stuffed or a marker,
-    so only bytes in other segments (an EXIF thumbnail's own scans) can add to the count.
-    ~50 us for 60 KB, on the paths where libjpeg gets no progress monitor (simplejpeg,
-    Pillow); the native decoder counts in its monitor instead.
-    """
-    data = buf if isinstance(buf, bytes) else bytes(buf)
-    count = data.count(_SOS)
-    if count > MAX_JPEG_SCANS:
-        raise too_many_scans(key, count)
+SCAN_PASSES = 32
+"""Scans x pixels may not pass this many passes over an image of ``max_pixels``: 256
+scans of a 9456 x 9456 image (89 Mpx, within the default ``max_pixels``) took 5 s to
+decode, 17 s through Pillow (CMYK), where a real progressive photo of that size (10
+scans) took 0.8 s (QA53). At the default ``max_pixels`` that leaves 32 scans at 89 Mpx,
+and the full 256 up to 11 Mpx."""
 
 
-def too_many_scans(key: str, count: int | None = None) -> DecodeError:
-    """The error for a JPEG past `MAX_JPEG_SCANS`; ``count``: its scan markers, if counted."""
-    found = f"{count:,} scan markers, more than" if count is not None else "more than"
+def scan_limit(height: int, width: int, max_pixels: int) -> int:
+    """The most scans a ``height`` x ``width`` JPEG may have: `MAX_JPEG_SCANS`, and no more
+    than `SCAN_PASSES` passes over a ``max_pixels`` image (at least 32 within it)."""
+    return min(MAX_JPEG_SCANS, SCAN_PASSES * max_pixels // max(1, height * width))
+
+
+def count_scans(buf: bytes | memoryview) -> int:
+    """A JPEG's scans up to its end of image: the native walk (memchr, GIL released,
+    1-3 us) when built, else `walk_jpeg_data`. A marker count over the whole buffer
+    refused a motion photo (a JPEG with its video appended, random bytes that hold 0xFF
+    0xDA about once per 64 KB) on some paths and not others (QA53)."""
+    native = native_module()
+    return native.jpeg_scans(buf) if native is not None else walk_jpeg_data(buf)[1]
+
+
+def check_scans(
+    key: str, buf: bytes | memoryview, height: int, width: int, max_pixels: int
+) -> None:
+    """Refuse a JPEG with more scans than `scan_limit` allows before a decoder walks them
+    (the paths where libjpeg gets no progress monitor: simplejpeg, Pillow; the native
+    decoder is given the limit instead)."""
+    limit = scan_limit(height, width, max_pixels)
+    if (count := count_scans(buf)) > limit:
+        raise too_many_scans(key, limit, count)
+
+
+def too_many_scans(key: str, limit: int, count: int | None = None) -> DecodeError:
+    """The error for a JPEG past `scan_limit`; ``count``: its scans, where counted."""
+    found = f"{count:,} scans, more than" if count is not None else "more than"
     return _fail(
         key,
-        f"{found} the {MAX_JPEG_SCANS} scans a JPEG may have here: a crafted file (each scan "
-        "of a progressive JPEG is a pass over the whole image, so thousands of tiny ones "
-        "hold a decoder for minutes)",
+        f"{found} the {limit} a JPEG of its size may have here (at most {MAX_JPEG_SCANS}, "
+        f"and at most {SCAN_PASSES} passes over a max_pixels image): a crafted file (each "
+        "scan of a progressive JPEG is a pass over the whole image, so many tiny ones hold "
+        "a decoder for seconds to minutes)",
     )
 
 
@@ -328,7 +346,7 @@ def _decode_jpeg(
     if not exif:
         orientation = 1  # the pixels as stored
     _check_pixels(key, height, width, max_pixels)
-    check_scans(key, buf)
+    check_scans(key, buf, height, width, max_pixels)
     if colorspace not in ("YCbCr", "Gray"):
         # CMYK / YCCK: libjpeg-turbo cannot convert these to RGB; Pillow can (Adobe inversion).
         return _decode_pillow(

@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Literal
 
+import numpy as np
+
 Format = Literal["jpeg", "png", "gif", "bmp", "webp", "tiff", "pnm"]
 
 
@@ -552,3 +554,69 @@ def _tiff_orientation_value(tiff: bytes, at: int, typ: int, order: str) -> int:
 def orientation_swaps_axes(orientation: int) -> bool:
     """True for the EXIF orientations (5-8) that transpose the image."""
     return orientation >= 5
+
+
+# ------------------------------------------------------------------- JPEG compressed data
+
+_TEM, _RST0, _EOI, _SOS, _DRI = 0x01, 0xD0, 0xD9, 0xDA, 0xDD
+# Markers with a length field that may come between scans: DHT, DAC, DQT, DNL, DRI, APPn,
+# COM, and SOS itself.
+_BETWEEN_SCANS = frozenset({0xC4, 0xCC, 0xDB, 0xDC, _DRI, *range(0xE0, 0xF0), 0xFE, _SOS})
+
+
+Damage = tuple[int, int, int, int]
+"""``(kind, at, a, b)``: see `_jpeg_check._WORDS`; ``at`` is the byte offset."""
+
+
+def walk_jpeg_data(data: bytes | memoryview) -> tuple[Damage | None, int]:
+    """The marker structure of a JPEG's compressed data, walked in Python (numpy finds the
+    0xFF bytes; the reference for the native extension's walk): what breaks it (None if
+    nothing does, or if the header has no scan), and the scans up to the end of image or
+    the break. Inside compressed data a 0xFF byte is followed by 0x00 (stuffing), 0xFF
+    (fill) or a restart marker in sequence; the data ends at a marker that may sit between
+    scans (tables, comments, the next scan) or at the end of image. What follows the end
+    of image (a motion photo's video, say) is not walked."""
+    view = memoryview(data)
+    restart, scan = 0, -1
+    for marker, at, size in _jpeg_segments(view):
+        if marker == _DRI and size >= 2:
+            restart = (view[at] << 8) | view[at + 1]
+        elif marker == _SOS:
+            scan = at + size
+    if scan < 0:
+        return None, 0
+    raw = np.frombuffer(view, np.uint8)
+    ff = np.flatnonzero(raw[scan:-1] == 0xFF) + scan
+    following = raw[ff + 1]
+    real = (following != 0x00) & (following != 0xFF)  # stuffing and fill bytes are data
+    places, codes = ff[real].tolist(), following[real].tolist()
+    due, i, end, scans = 0, 0, len(raw), 1
+    while i < len(places):
+        at, code = places[i], codes[i]
+        i += 1
+        if code == _TEM:
+            continue  # a marker with no length, allowed anywhere markers are (QA)
+        if _RST0 <= code <= _RST0 + 7:
+            if restart == 0:
+                return (1, at, code - _RST0, 0), scans
+            if code - _RST0 != due:
+                return (2, at, code - _RST0, due), scans
+            due = (due + 1) % 8
+            continue
+        if code == _EOI:
+            return None, scans  # the end of the image: what follows is not its data
+        if code not in _BETWEEN_SCANS:
+            return (3, at, code, 0), scans
+        if at + 4 > end:
+            return (4, at, 0, 0), scans
+        after = at + 2 + ((int(raw[at + 2]) << 8) | int(raw[at + 3]))
+        if after > end:
+            return (5, at, 0, 0), scans
+        if code == _DRI:
+            restart = (int(raw[at + 4]) << 8) | int(raw[at + 5]) if after >= at + 6 else 0
+        elif code == _SOS:
+            due = 0  # each scan counts its restarts from 0
+            scans += 1
+        while i < len(places) and places[i] < after:  # 0xFF bytes of the segment itself
+            i += 1
+    return (6, end, 0, 0), scans

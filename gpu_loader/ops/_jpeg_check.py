@@ -15,20 +15,9 @@ walk (numpy finds the 0xFF bytes) is the reference a test holds it to (~20-70 us
 
 from __future__ import annotations
 
-import numpy as np
-
 from gpu_loader.ops._backend import native_module
 from gpu_loader.ops._decode import _fail
-from gpu_loader.ops._formats import _jpeg_segments
-
-_TEM, _RST0, _EOI, _SOS, _DRI = 0x01, 0xD0, 0xD9, 0xDA, 0xDD
-# Markers with a length field that may come between scans: DHT, DAC, DQT, DNL, DRI, APPn,
-# COM, and SOS itself.
-_BETWEEN_SCANS = frozenset({0xC4, 0xCC, 0xDB, 0xDC, _DRI, *range(0xE0, 0xF0), 0xFE, _SOS})
-
-
-Damage = tuple[int, int, int, int]
-"""``(kind, at, a, b)``: see `_WORDS`; ``at`` is the byte offset."""
+from gpu_loader.ops._formats import Damage, walk_jpeg_data
 
 _WORDS = {
     1: "restart marker {a} at byte {at} with no restart interval",
@@ -60,47 +49,6 @@ def check_jpeg_data(data: bytes | memoryview, *, key: str) -> None:
 
 
 def damage_walk(data: bytes | memoryview) -> Damage | None:
-    """The walk in Python (numpy finds the 0xFF bytes): the reference for the C one."""
-    view = memoryview(data)
-    restart, scan = 0, -1
-    for marker, at, size in _jpeg_segments(view):
-        if marker == _DRI and size >= 2:
-            restart = (view[at] << 8) | view[at + 1]
-        elif marker == _SOS:
-            scan = at + size
-    if scan < 0:
-        return None
-    raw = np.frombuffer(view, np.uint8)
-    ff = np.flatnonzero(raw[scan:-1] == 0xFF) + scan
-    following = raw[ff + 1]
-    real = (following != 0x00) & (following != 0xFF)  # stuffing and fill bytes are data
-    places, codes = ff[real].tolist(), following[real].tolist()
-    due, i, end = 0, 0, len(raw)
-    while i < len(places):
-        at, code = places[i], codes[i]
-        i += 1
-        if code == _TEM:
-            continue  # a marker with no length, allowed anywhere markers are (QA)
-        if _RST0 <= code <= _RST0 + 7:
-            if restart == 0:
-                return 1, at, code - _RST0, 0
-            if code - _RST0 != due:
-                return 2, at, code - _RST0, due
-            due = (due + 1) % 8
-            continue
-        if code == _EOI:
-            return None  # the end of the image: what follows is not its data
-        if code not in _BETWEEN_SCANS:
-            return 3, at, code, 0
-        if at + 4 > end:
-            return 4, at, 0, 0
-        after = at + 2 + ((int(raw[at + 2]) << 8) | int(raw[at + 3]))
-        if after > end:
-            return 5, at, 0, 0
-        if code == _DRI:
-            restart = (int(raw[at + 4]) << 8) | int(raw[at + 5]) if after >= at + 6 else 0
-        elif code == _SOS:
-            due = 0  # each scan counts its restarts from 0
-        while i < len(places) and places[i] < after:  # 0xFF bytes of the segment itself
-            i += 1
-    return 6, end, 0, 0
+    """The walk in Python (`walk_jpeg_data`, numpy finds the 0xFF bytes): the reference
+    for the C one."""
+    return walk_jpeg_data(data)[0]

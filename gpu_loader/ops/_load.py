@@ -16,7 +16,6 @@ from gpu_loader.ops._decode import (
     _MIN_SIDE_FOR_DCT,
     DCT_FACTORS,
     DEFAULT_MAX_PIXELS,
-    MAX_JPEG_SCANS,
     DecodeError,
     _as_bytes,
     _check_pixels,
@@ -24,6 +23,7 @@ from gpu_loader.ops._decode import (
     cap_dct_factor,
     decode_at,
     probe_size,
+    scan_limit,
     too_many_scans,
 )
 from gpu_loader.ops._formats import sniff
@@ -35,8 +35,6 @@ from gpu_loader.ops._transforms import (
     Random,
     TrainTransform,
 )
-
-_NATIVE_SCANS = f"more than {MAX_JPEG_SCANS} scans"  # the native decoder's progress monitor
 
 
 def load_into(
@@ -136,6 +134,7 @@ def _load_jpeg_native(
     if rotated or colorspace not in _NATIVE_COLORSPACES:
         return None
     _check_pixels(key, height, width, max_pixels)
+    max_scans = scan_limit(height, width, max_pixels)
     params = transform.make_params(height, width, rng)
     factor = cap_dct_factor(_dct_factor(transform, params, height, width), buf, chroma)
     if factor != 1:
@@ -149,10 +148,11 @@ def _load_jpeg_native(
             *native_target(
                 params, out, dtype, transform.mean, transform.std, transform.interpolation
             ),
+            max_scans,  # its progress monitor stops libjpeg past it
         )
     except native.JpegError as exc:
-        if str(exc) == _NATIVE_SCANS:
-            raise too_many_scans(key) from None
+        if str(exc) == f"more than {max_scans} scans":
+            raise too_many_scans(key, max_scans) from None
         raise DecodeError(
             f"cannot decode image {key!r}: corrupt or truncated JPEG data ({exc})"
         ) from None

@@ -551,6 +551,7 @@ typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
     char message[JMSG_LENGTH_MAX];
+    int max_scans; /* on_progress's limit */
 } ErrorManager;
 
 static void on_error(j_common_ptr cinfo) {
@@ -569,16 +570,16 @@ static void on_message(j_common_ptr cinfo, int level) {
    scan buy a pass over the image: a crafted file of thousands of tiny scans (valid ones,
    which raise no warning) holds a decode thread for seconds to minutes (cure53's
    libjpeg-turbo report, LJT-01-004). libjpeg-turbo's advice is a progress monitor with a
-   scan limit; nvImageCodec's default limit is the same (NVIMGCODEC_MAX_JPEG_SCANS). The
-   Python paths count scan markers first (_decode.check_scans, the same limit). */
+   scan limit; nvImageCodec's default limit is the same (NVIMGCODEC_MAX_JPEG_SCANS).
+   decode_resize_jpeg takes the limit (at most this; the caller lowers it for large
+   images: _decode.scan_limit); the Python paths count scans first (_decode.check_scans). */
 enum { MAX_JPEG_SCANS = 256 };
 
 static void on_progress(j_common_ptr cinfo) {
     if (!cinfo->is_decompressor) return;
-    const int scans = ((j_decompress_ptr)cinfo)->input_scan_number;
-    if (scans > MAX_JPEG_SCANS) {
-        ErrorManager *e = (ErrorManager *)cinfo->err;
-        snprintf(e->message, sizeof(e->message), "more than %d scans", MAX_JPEG_SCANS);
+    ErrorManager *e = (ErrorManager *)cinfo->err;
+    if (((j_decompress_ptr)cinfo)->input_scan_number > e->max_scans) {
+        snprintf(e->message, sizeof(e->message), "more than %d scans", e->max_scans);
         longjmp(e->jump, 1);
     }
 }
@@ -682,8 +683,10 @@ static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
     int denom, height, width, out_h, out_w, flip, dtype, filter = FILTER_BILINEAR;
     PyObject *box_obj, *scale_obj, *shift_obj;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|i", &data, &denom, &height, &width, &box_obj,
-                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj, &filter))
+    int max_scans = MAX_JPEG_SCANS;
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|ii", &data, &denom, &height, &width, &box_obj,
+                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj, &filter,
+                          &max_scans))
         return NULL;
     PyObject *result = NULL;
     double box[4];
@@ -698,6 +701,12 @@ static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
         check_box(box, height, width))
         goto done;
     job->filter = filter;
+    if (max_scans < 1 || max_scans > MAX_JPEG_SCANS) {
+        PyErr_Format(PyExc_ValueError, "max_scans must be 1 to %d, got %d", MAX_JPEG_SCANS,
+                     max_scans);
+        goto done;
+    }
+    job->err.max_scans = max_scans;
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
         PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", denom);
         goto done;
@@ -1154,7 +1163,8 @@ static int between_scans(uint8_t m) {
            m == 0xFE || (m >= 0xE0 && m <= 0xEF);
 }
 
-static int jpeg_data_walk(const uint8_t *p, size_t n, size_t i, unsigned restart, long long r[3]) {
+static int jpeg_data_walk(const uint8_t *p, size_t n, size_t i, unsigned restart, long long r[3],
+                          long long *scans) {
     unsigned due = 0;
     while (n > 0 && i < n - 1) {
         const uint8_t *f = memchr(p + i, 0xFF, n - 1 - i);
@@ -1178,7 +1188,10 @@ static int jpeg_data_walk(const uint8_t *p, size_t n, size_t i, unsigned restart
         const size_t after = at + 2 + (((size_t)p[at + 2] << 8) | p[at + 3]);
         if (after > n) return 5;
         if (c == 0xDD) restart = after >= at + 6 ? ((unsigned)p[at + 4] << 8) | p[at + 5] : 0;
-        else if (c == 0xDA) due = 0;
+        else if (c == 0xDA) {
+            due = 0;
+            ++*scans;
+        }
         i = after;
     }
     return 6;
@@ -1192,11 +1205,11 @@ static PyObject *py_jpeg_data_damage(PyObject *self, PyObject *args) {
     const size_t n = (size_t)data.len;
     size_t scan = 0;
     unsigned restart = 0;
-    long long r[3] = {0, 0, 0};
+    long long r[3] = {0, 0, 0}, scans = 1;
     int kind = 0;
     if (jpeg_first_scan(p, n, &scan, &restart)) {
         Py_BEGIN_ALLOW_THREADS
-        kind = jpeg_data_walk(p, n, scan, restart, r);
+        kind = jpeg_data_walk(p, n, scan, restart, r, &scans);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&data);
@@ -1205,6 +1218,26 @@ static PyObject *py_jpeg_data_damage(PyObject *self, PyObject *args) {
     if (kind != 2) r[2] = 0;            /* only kinds 1-3 name a marker, only 2 a due one */
     if (kind > 3) r[1] = 0;
     return Py_BuildValue("iLLL", kind, r[0], r[1], r[2]);
+}
+
+/* jpeg_scans(data) -> int: the scans of a JPEG up to its end of image (or the first break
+ * in its marker structure), by the same walk: _formats.walk_jpeg_data's count. 0 when its
+ * header has no scan. Data after the end of image (a motion photo's video) is not read. */
+static PyObject *py_jpeg_scans(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    size_t scan = 0;
+    unsigned restart = 0;
+    long long r[3] = {0, 0, 0}, scans = 0;
+    if (jpeg_first_scan(data.buf, (size_t)data.len, &scan, &restart)) {
+        scans = 1;
+        Py_BEGIN_ALLOW_THREADS
+        jpeg_data_walk(data.buf, (size_t)data.len, scan, restart, r, &scans);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromLongLong(scans);
 }
 
 /* ------------------------------------------------------------------- conversions (tests) */
@@ -1343,6 +1376,9 @@ static PyMethodDef methods[] = {
      "jpeg_header(data)\n\n(height, width, colourspace, EXIF orientation, chroma ratio) of a "
      "common JPEG, None otherwise: _formats.jpeg_header and jpeg_chroma_ratio in one walk. "
      "Holds the GIL."},
+    {"jpeg_scans", py_jpeg_scans, METH_VARARGS,
+     "jpeg_scans(data)\n\nThe scans of a JPEG up to its end of image: _formats.walk_jpeg_data's "
+     "count, with memchr, the GIL released."},
     {"jpeg_data_damage", py_jpeg_data_damage, METH_VARARGS,
      "jpeg_data_damage(data)\n\nNone, or (kind, at, a, b): what breaks the marker structure "
      "of a JPEG's compressed data (_jpeg_check). GIL released for the walk."},

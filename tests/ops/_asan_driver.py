@@ -91,21 +91,28 @@ def main(so_path: str, cases_path: str) -> None:
 
 
 def _check_scan_limit(native: object) -> int:
-    """The progress monitor's stop (a longjmp out of libjpeg mid-input) at the scan limit."""
+    """The progress monitor's stop (a longjmp out of libjpeg mid-input) at the scan limit,
+    the default one and one given; and the scan count's walk."""
     from _jpeg_scans import many_scans  # beside this script
 
     limit: int = native.MAX_JPEG_SCANS  # type: ignore[attr-defined]
     decode = native.decode_resize_jpeg  # type: ignore[attr-defined]
+    count = native.jpeg_scans  # type: ignore[attr-defined]
     out = np.empty((3, 8, 8), np.float32)
     args = (1, 64, 64, (0.0, 0.0, 64.0, 64.0), out, 8, 8, False, 0, SCALE, SHIFT)
-    decode(many_scans(limit, 64), *args)
-    for scans in (limit + 1, 3 * limit):
-        try:
-            decode(many_scans(scans, 64), *args)
-        except ValueError as exc:
-            assert str(exc) == f"more than {limit} scans", exc
-        else:
-            raise AssertionError(f"{scans} scans were decoded")
+    for given, extra in ((limit, ()), (40, (0, 40))):
+        decode(many_scans(given, 64), *args, *extra)
+        for scans in (given + 1, 3 * given):
+            data = many_scans(scans, 64)
+            assert count(data) == scans
+            for cut in (len(data) // 3, len(data) - 1):
+                count(data[:cut])  # a walk that meets the end of the buffer
+            try:
+                decode(data, *args, *extra)
+            except ValueError as exc:
+                assert str(exc) == f"more than {given} scans", exc
+            else:
+                raise AssertionError(f"{scans} scans were decoded")
     return limit
 
 

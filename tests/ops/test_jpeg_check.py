@@ -11,6 +11,7 @@ import simplejpeg
 from gpu_loader.datasets import photo_like
 from gpu_loader.ops import _jpeg_check
 from gpu_loader.ops._backend import native_module
+from gpu_loader.ops._formats import walk_jpeg_data
 from gpu_loader.ops._jpeg_check import damage_walk, jpeg_data_damage
 from tests.ops.conftest import pillow_jpeg
 
@@ -120,7 +121,9 @@ def test_the_native_walk_agrees_with_the_python_one() -> None:
                 if len(damaged) > 2:
                     at = int(rng.integers(0, len(damaged)))
                     damaged[at] = int(rng.choice([0xFF, 0xD9, 0xDA, 0xDD, 0xD2, 0x00, 0x01]))
-            expected = damage_walk(bytes(damaged))
+            expected, scans = walk_jpeg_data(bytes(damaged))
+            assert damage_walk(bytes(damaged)) == expected
             assert native.jpeg_data_damage(bytes(damaged)) == expected, bytes(damaged)[:40]
+            assert native.jpeg_scans(bytes(damaged)) == scans, bytes(damaged)[:40]
             found += expected is not None
     assert found > 500  # most damaged copies are caught, so both walks were exercised
