@@ -918,7 +918,12 @@ class EpochBase:
         stage's, which the exception does not hold (QA: the message named a missing file
         while the error inside was another file's DecodeError)."""
         loader = self.loader
-        first = f" First: {described(causes[0])}." if causes else ""
+        first = described(causes[0]) if causes else None
+        if first is None and (failed := self.failures()):
+            # Only failures from before a resume, whose errors the state does not keep:
+            # the first of those, by key (QA53: the note named no file at all).
+            first = f"{failed[0].key} ({failed[0].stage}: {failed[0].error})"
+        first = f" First: {first}." if first else ""
         if loader.on_error == "raise":
             return (
                 f"ImageLoader(on_error='raise') stops at the first sample that fails.{first} "
@@ -1104,7 +1109,11 @@ class CpuEpoch(EpochBase):
         self.run_calls = dict.fromkeys(self.run_policies, 0)
         self.run_calls_lock = threading.Lock()
         self.ordinals = {stage: itertools.count(1) for stage in self.run_policies}
-        self.run_error: PipelineFailure | None = None
+        # Failures before a resume may pass the limit already (a lower max_failures):
+        # stop before the first sample, as the engine's stages do (QA53).
+        self.run_error: PipelineFailure | None = next(
+            (e for p in self.run_policies.values() if (e := p.check_start()) is not None), None
+        )
         self.pipeline = (
             PipelineBuilder()
             .add_source(
@@ -1560,12 +1569,12 @@ def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
 _STAGE_NOTE = re.compile(r"stage: (?P<stage>[^,]+), sample: (?P<key>.*)", re.DOTALL)
 
 
-def described(exc: BaseException) -> str:
-    """A failure as `as_failed` words it, ``key (stage: Type: message)``, from the note its
-    stage put on it; the bare ``Type: message`` where it has none."""
-    error = error_text(exc)
-    for note in reversed(getattr(exc, "__notes__", None) or []):
+def described(exc: BaseException) -> str | None:
+    """A failure as `as_failed` words it, ``key (stage: Type: message)``, from the first
+    note a stage put on it (an error instance shared by several samples has one per
+    sample); None where it has none."""
+    for note in getattr(exc, "__notes__", None) or []:
         if isinstance(note, str) and (found := _STAGE_NOTE.fullmatch(note)):
             stage = "augment" if raised_by_augment(exc) else found["stage"]
-            return f"{found['key']} ({stage}: {error})"
-    return error
+            return f"{found['key']} ({stage}: {error_text(exc)})"
+    return None

@@ -25,7 +25,7 @@ from gpu_loader._failed import FailedSample
 from gpu_loader.cuda import FetchedSample, GpuBatch, GpuBatchStage, GpuFetcher
 from gpu_loader.cuda._gpu_stage import ARENA_OVERFLOW_S
 from gpu_loader.pipeline import IDLE, OutputOrder, PipelineBuilder
-from gpu_loader.pipeline._errors import MAX_CAUSES, limit_failure, rate_passed
+from gpu_loader.pipeline._errors import MAX_CAUSES, error_text, limit_failure, rate_passed
 
 if TYPE_CHECKING:
     import torch
@@ -154,7 +154,7 @@ class GpuEpoch(EpochBase):
     def record_gpu_failures(self, failed: Sequence[tuple[int, str, BaseException]]) -> None:
         with self.gpu_failures_lock:
             for _, key, exc in failed:
-                error = f"{type(exc).__name__}: {exc}"
+                error = error_text(exc)
                 self.gpu_failures.append(FailedSample(key, "gpu_decode", error, self.epoch))
                 if isinstance(exc, Exception) and len(self.gpu_causes) < MAX_CAUSES:
                     self.gpu_causes.append(exc)

@@ -381,23 +381,43 @@ def test_a_state_from_before_failures_were_kept_per_stage_counts_them_as_decode(
     assert before["decode"][1] == failed and before["read"][1] == 0
     fresh = make(items, max_failures=failed - 1, shuffle=False)
     fresh.load_state_dict(old)
-    # Which stage passes the limit first races (a read failure further on may come before
-    # the next decode failure; CI saw 'read'): the restored failures count all the same.
+    # The restored failures, counted under decode, pass the lower limit before any sample
+    # is read (before, which stage passed it first raced: CI saw 'read').
     with pytest.raises(gl.PipelineFailure) as info:
         for _ in fresh:
             pass
-    found = re.match(r"stage '(\w+)': .*\((\d+) items failed\)", str(info.value))
-    assert found is not None and found[1] in ("decode", "read"), str(info.value)
-    if found[1] == "decode":  # with the restored ones: at once, or at its first new one
-        assert int(found[2]) in (failed, failed + 1)
-    else:  # the read stage's own failures
-        assert int(found[2]) == failed
+    found = re.match(r"stage '(\w+)': .*\((\d+) items? failed\)", str(info.value))
+    assert found is not None and (found[1], int(found[2])) == ("decode", failed), str(info.value)
     restored = [f for f in fresh.failed_samples() if f.stage == "before resume"]
     assert len(restored) == failed and any(f.key.endswith("corrupt.jpg") for f in restored)
     bad = json.loads(json.dumps(state))
     bad["batcher"]["failed_stages"] = {"decode": failed + 1}
     with pytest.raises(ValueError, match=r"failed_stages.*adding up"):
         fresh.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("per_task", [1, 4])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_a_resume_already_past_a_lower_limit_stops_before_any_batch(
+    bad_list: tuple[FileList, set[str]], per_task: int, on_error: str
+) -> None:
+    # QA53: the resumed epoch delivered all it had left, then raised; and the note named
+    # no file (the state keeps failed positions, not errors).
+    items, bad_keys = bad_list
+    state = checkpoint_after_a_failure(make(items, max_failures=None))
+    restored = sum(stop - start for start, stop in state["batcher"]["failed"])
+    assert restored >= 1
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    fresh = make(items, max_failures=0, on_error=on_error, options=options)
+    fresh.load_state_dict(state)
+    delivered = 0
+    with pytest.raises(gl.PipelineFailure) as info:
+        for _, y in fresh:
+            delivered += len(y)
+    assert delivered == 0 and info.value.limit_reached
+    advice = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    named = advice.split("First: ")[1].split(" (before resume: ")[0]
+    assert named in bad_keys
 
 
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
