@@ -207,8 +207,20 @@ class Pipeline:
         # A generator dropped before its first next() never runs its `finally`: the
         # threads ran on and the pipeline stayed "being iterated" (QA52). Detached at the
         # first next(), after which the generator's own `finally` closes.
-        self._unstarted = weakref.finalize(outputs, self.close)
+        self._unstarted = weakref.finalize(outputs, self._close_dropped)
         return outputs
+
+    def _close_dropped(self) -> None:
+        """`close` for an iterator collected before its first next(): from a finalizer,
+        where a Ctrl-C raised is printed as "Exception ignored" and lost (QA53), so it is
+        raised again in the main thread once the close has returned, as the iterator's
+        own `finally` does."""
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            if threading.current_thread() is not threading.main_thread():
+                raise
+            interrupt_main_after(sys._getframe())
 
     def _iterate(self, idle_s: float | None) -> Iterator[Any]:
         if self._unstarted is not None:

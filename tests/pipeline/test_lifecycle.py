@@ -464,6 +464,20 @@ def test_a_ctrl_c_during_a_breaks_close_reaches_the_main_thread(
     assert p.threads == []
 
 
+def test_a_ctrl_c_while_a_dropped_unstarted_iterator_closes_reaches_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # That close runs from a finalizer too (QA53: "Exception ignored", and lost).
+    ctrl_c = _CtrlCInStopSet(monkeypatch)
+    p = busy_pipeline()
+    outputs = iter(p)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c.armed = True
+        del outputs
+        time.sleep(5)  # it comes within moments, waking this sleep
+    assert p.threads == []
+
+
 def test_a_generator_op_is_stopped_between_its_yields() -> None:
     # QA: close() gave up on it after 10 s, and it ran on, its output list growing by
     # 100 KB a millisecond.
