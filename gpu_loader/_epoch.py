@@ -62,7 +62,6 @@ from gpu_loader.pipeline import (
 from gpu_loader.pipeline._errors import (
     FailurePolicy,
     add_note,
-    error_text,
     limit_failure,
     release_locals,
 )
@@ -918,12 +917,12 @@ class EpochBase:
         stage's, which the exception does not hold (QA: the message named a missing file
         while the error inside was another file's DecodeError)."""
         loader = self.loader
-        first = described(causes[0]) if causes else None
-        if first is None and (failed := self.failures()):
+        named = noted_failure(causes[0], self.epoch) if causes else None
+        if named is None and (failed := self.failures()):
             # Only failures from before a resume, whose errors the state does not keep:
             # the first of those, by key (QA53: the note named no file at all).
-            first = f"{failed[0].key} ({failed[0].stage}: {failed[0].error})"
-        first = f" First: {first}." if first else ""
+            named = failed[0]
+        first = f" First: {named.key} ({named.stage}: {named.error})." if named else ""
         if loader.on_error == "raise":
             return (
                 f"ImageLoader(on_error='raise') stops at the first sample that fails.{first} "
@@ -1569,12 +1568,12 @@ def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
 _STAGE_NOTE = re.compile(r"stage: (?P<stage>[^,]+), sample: (?P<key>.*)", re.DOTALL)
 
 
-def described(exc: BaseException) -> str | None:
-    """A failure as `as_failed` words it, ``key (stage: Type: message)``, from the first
+def noted_failure(exc: BaseException, epoch: int) -> FailedSample | None:
+    """The failed sample `as_failed` makes of ``exc``, its stage and key read from the first
     note a stage put on it (an error instance shared by several samples has one per
     sample); None where it has none."""
     for note in getattr(exc, "__notes__", None) or []:
         if isinstance(note, str) and (found := _STAGE_NOTE.fullmatch(note)):
-            stage = "augment" if raised_by_augment(exc) else found["stage"]
-            return f"{found['key']} ({stage}: {error_text(exc)})"
+            record = FailureRecord(stage=found["stage"], key=found["key"], error=exc)
+            return as_failed(record, epoch)
     return None
