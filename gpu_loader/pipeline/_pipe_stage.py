@@ -8,6 +8,7 @@ per-thread state, failure recording, end of stream, and the slow lane.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -46,21 +47,12 @@ class PipeStage(Stage):
             return
         for _ in range(self.concurrency):
             self.spawn_worker()
-        if self._lane is not None:
-            rt.spawn(self._watch, f"{self.name}:watchdog")
-
-    def _watch(self) -> None:
-        """The slow lane's watchdog; its own errors (a `LaneThreshold.limit` that raises or
-        gives no number, a clock that raises) stop the run as an engine error does, where
-        the thread died quietly and the lane was off for the rest of it (QA52)."""
-        rt, lane = self.rt, self._lane
-        assert rt is not None and lane is not None
-        try:
-            lane.watch()
-        except Stopped:
-            pass
-        except BaseException as exc:
-            rt.fail(as_failure(exc, self.name, "the slow-lane watchdog"))
+        if (lane := self._lane) is not None:
+            # Guarded as every stage thread is: its own errors (a `LaneThreshold.limit`
+            # that raises or gives no number, a clock that raises) stop the run, where the
+            # thread died quietly and the lane was off for the rest of it (QA52).
+            watch = functools.partial(self._run_guarded, lane.watch, "the slow-lane watchdog")
+            rt.spawn(watch, f"{self.name}:watchdog")
 
     def spawn_worker(self, slot: WorkerSlot | None = None) -> bool:
         """Start one worker thread (also used by the slow lane for replacements)."""

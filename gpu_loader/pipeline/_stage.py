@@ -36,15 +36,17 @@ class Stage:
         self.rt = rt
         rt.spawn(self._run_guarded, self.name)
 
-    def _run_guarded(self) -> None:
+    def _run_guarded(self, target: Callable[[], None] | None = None, detail: str = "") -> None:
+        """Run ``target`` (the stage's own loop by default) as a thread of the stage: an
+        error of it stops the run with a ``stage: <name>`` note, ``detail`` saying where."""
         rt = self.rt
         assert rt is not None  # set by start() before the thread exists
         try:
-            self._run()
+            (target or self._run)()
         except Stopped:
             return
         except BaseException as exc:
-            rt.fail(as_failure(exc, self.name))
+            rt.fail(as_failure(exc, self.name, detail))
 
     def _run(self) -> None:
         raise NotImplementedError
