@@ -213,21 +213,14 @@ def _wraps_a_file(protocol: str) -> bool:
     return "fo" in params or "target_protocol" in params
 
 
-def _anchored(url: str) -> str:
-    """``url`` with a chain's last link, when it is a relative local path
-    (``zip://::d.zip``), made absolute: keys must not change with ``os.chdir`` (QA)."""
-    if not chained(url):
-        return url
-    *links, last = url.split("::")
-    if not last or "://" in last or os.path.isabs(last):
-        return url
-    return "::".join([*links, os.path.abspath(last)])
-
-
 def _path_link(url: str) -> tuple[list[str], int]:
-    """``url``'s links (one unless chained; a relative local last link made absolute) and
-    the index of the first with a path (``proto://...``), -1 when none has one."""
-    links = _anchored(url).split("::") if chained(url) else [url]
+    """``url``'s links (one unless chained) and the index of the first with a path
+    (``proto://...``), -1 when none has one. A chain's last link that is a relative local
+    path (``zip://::d.zip``) is made absolute: keys must not change with ``os.chdir`` (QA)."""
+    links = url.split("::") if chained(url) else [url]
+    last = links[-1]
+    if len(links) > 1 and last and "://" not in last and not os.path.isabs(last):
+        links[-1] = os.path.abspath(last)
     return links, next((k for k, link in enumerate(links) if "://" in link), -1)
 
 
