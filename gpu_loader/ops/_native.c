@@ -1197,24 +1197,35 @@ static int jpeg_data_walk(const uint8_t *p, size_t n, size_t i, unsigned restart
     return 6;
 }
 
+/* The whole walk of `data`: its header to the first scan, then its compressed data with
+ * the GIL released. Returns jpeg_data_walk's kind (0 too when the header has no scan), its
+ * scans in *scans (0 without a scan). */
+static int jpeg_walk_all(const Py_buffer *data, long long r[3], long long *scans) {
+    const uint8_t *p = data->buf;
+    const size_t n = (size_t)data->len;
+    size_t scan = 0;
+    unsigned restart = 0;
+    int kind = 0;
+    *scans = 0;
+    if (jpeg_first_scan(p, n, &scan, &restart)) {
+        *scans = 1;
+        Py_BEGIN_ALLOW_THREADS
+        kind = jpeg_data_walk(p, n, scan, restart, r, scans);
+        Py_END_ALLOW_THREADS
+    }
+    return kind;
+}
+
 static PyObject *py_jpeg_data_damage(PyObject *self, PyObject *args) {
     Py_buffer data;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
-    const uint8_t *p = data.buf;
-    const size_t n = (size_t)data.len;
-    size_t scan = 0;
-    unsigned restart = 0;
-    long long r[3] = {0, 0, 0}, scans = 1;
-    int kind = 0;
-    if (jpeg_first_scan(p, n, &scan, &restart)) {
-        Py_BEGIN_ALLOW_THREADS
-        kind = jpeg_data_walk(p, n, scan, restart, r, &scans);
-        Py_END_ALLOW_THREADS
-    }
+    long long r[3] = {0, 0, 0}, scans;
+    const int kind = jpeg_walk_all(&data, r, &scans);
+    const long long n = (long long)data.len;
     PyBuffer_Release(&data);
     if (kind == 0) Py_RETURN_NONE;
-    if (kind == 6) r[0] = (long long)n;
+    if (kind == 6) r[0] = n;
     if (kind != 2) r[2] = 0;            /* only kinds 1-3 name a marker, only 2 a due one */
     if (kind > 3) r[1] = 0;
     return Py_BuildValue("iLLL", kind, r[0], r[1], r[2]);
@@ -1227,15 +1238,8 @@ static PyObject *py_jpeg_scans(PyObject *self, PyObject *args) {
     Py_buffer data;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
-    size_t scan = 0;
-    unsigned restart = 0;
-    long long r[3] = {0, 0, 0}, scans = 0;
-    if (jpeg_first_scan(data.buf, (size_t)data.len, &scan, &restart)) {
-        scans = 1;
-        Py_BEGIN_ALLOW_THREADS
-        jpeg_data_walk(data.buf, (size_t)data.len, scan, restart, r, &scans);
-        Py_END_ALLOW_THREADS
-    }
+    long long r[3] = {0, 0, 0}, scans;
+    jpeg_walk_all(&data, r, &scans);
     PyBuffer_Release(&data);
     return PyLong_FromLongLong(scans);
 }
