@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -106,6 +106,25 @@ class _Core:
 def _input_capacity(stage: Stage) -> int:
     """Queue capacity in front of ``stage``: enough to keep every worker fed."""
     return max(2, 2 * stage.concurrency)
+
+
+class _Outputs(Iterator[Any]):
+    """What `Pipeline.iterate` returns: its generator, with a `close()` that also closes
+    the pipeline before the first next(), where a generator's own close does nothing."""
+
+    __slots__ = ("__weakref__", "_gen", "_pipeline")
+
+    def __init__(self, gen: Generator[Any, None, None], pipeline: Pipeline) -> None:
+        self._gen = gen
+        self._pipeline = pipeline
+
+    def __next__(self) -> Any:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop iterating and close the pipeline, as leaving a ``for`` loop does."""
+        self._gen.close()
+        self._pipeline._close_unstarted()
 
 
 class Pipeline:
@@ -203,12 +222,19 @@ class Pipeline:
                 raise RuntimeError("this pipeline is already being iterated (single consumer)")
             self._iterating = True
         self.start()
-        outputs = self._iterate(idle_s)
+        outputs = _Outputs(self._iterate(idle_s), self)
         # A generator dropped before its first next() never runs its `finally`: the
         # threads ran on and the pipeline stayed "being iterated" (QA52). Detached at the
         # first next(), after which the generator's own `finally` closes.
         self._unstarted = weakref.finalize(outputs, self._close_dropped)
         return outputs
+
+    def _close_unstarted(self) -> None:
+        """`_Outputs.close` before the first next(): the generator's own close then runs
+        no `finally`, so the pipeline is closed here (a Ctrl-C in it is raised as is)."""
+        unstarted = self._unstarted
+        if unstarted is not None and unstarted.detach() is not None:
+            self.close()
 
     def _close_dropped(self) -> None:
         """`close` for an iterator collected before its first next(): from a finalizer,
@@ -222,7 +248,7 @@ class Pipeline:
                 raise
             interrupt_main_after(sys._getframe())
 
-    def _iterate(self, idle_s: float | None) -> Iterator[Any]:
+    def _iterate(self, idle_s: float | None) -> Generator[Any, None, None]:
         if self._unstarted is not None:
             self._unstarted.detach()
         core = self._core

@@ -214,3 +214,27 @@ def test_failures_before_already_past_the_limit_stop_at_once(
             consume(p.add_sink().build())
         assert info.value.limit_reached and calls == []
         assert "before the point this run resumed from" in str(info.value.exceptions[0])
+
+
+def test_closing_an_iterator_before_its_first_next_closes_the_pipeline() -> None:
+    # A generator's close() before its first next() runs no `finally`: the threads ran on
+    # until the iterator was collected.
+    pipeline = PipelineBuilder().add_source(range(1000)).pipe(lambda x: x).add_sink().build()
+    outputs = iter(pipeline)
+    assert pipeline.threads
+    outputs.close()  # type: ignore[attr-defined]
+    assert pipeline.threads == []
+    with pytest.raises(StopIteration):
+        next(outputs)
+    outputs.close()  # type: ignore[attr-defined]  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(pipeline)
+
+
+def test_closing_an_iterator_mid_stream_closes_the_pipeline() -> None:
+    pipeline = PipelineBuilder().add_source(range(1000)).pipe(lambda x: x).add_sink().build()
+    outputs = iter(pipeline)
+    assert next(outputs) == 0
+    outputs.close()  # type: ignore[attr-defined]
+    assert pipeline.threads == []
+    assert not pipeline.completed
