@@ -55,7 +55,7 @@ LINE_INTERVAL_S = 10.0
 
 
 class ProgressReporter:
-    """A throttled tqdm bar over delivered samples, or plain lines off a terminal.
+    """A throttled tqdm bar over samples delivered or failed, or plain lines off a terminal.
 
     ``lines``: None picks lines when ``file`` (default stderr) is not a terminal.
     ``min_interval_s``: None means 0.5 s for a bar and `LINE_INTERVAL_S` for lines.
@@ -135,15 +135,25 @@ class ProgressReporter:
             return
         if self._bar is None:
             self._bar = self._make_bar()
-        delta = stats.samples - self.start - int(self._bar.n)
+        delta = self._done(stats) - int(self._bar.n)
         self._bar.set_postfix_str(self._postfix(stats), refresh=False)
         if delta > 0:
             self._bar.update(delta)
         else:
             self._bar.refresh()
 
+    def _done(self, stats: LoaderStats) -> int:
+        """Samples this bar has seen through: delivered or failed (a failed sample is done
+        with too, or an epoch with failures would end short of its total). At most the
+        total: repeats that pad a rank's last batches are delivered samples too."""
+        done = stats.samples - self.start + self._failures(stats)
+        return done if self.total is None else min(done, self.total)
+
+    def _failures(self, stats: LoaderStats) -> int:
+        return max(0, stats.failures - self.start_failures)
+
     def _write_line(self, stats: LoaderStats) -> None:
-        done = stats.samples - self.start
+        done = self._done(stats)
         count = f"{done} {self.unit}" if self.total is None else f"{done}/{self.total} {self.unit}"
         if self.total:
             count += f" ({done / self.total:.0%})"
@@ -152,7 +162,7 @@ class ProgressReporter:
         out.flush()
 
     def _postfix(self, stats: LoaderStats) -> str:
-        return progress_postfix(stats, self.unit, max(0, stats.failures - self.start_failures))
+        return progress_postfix(stats, self.unit, self._failures(stats))
 
     def close(self, stats: LoaderStats | None = None) -> None:
         """A last refresh from ``stats`` (if given), then close the bar (idempotent)."""

@@ -54,7 +54,7 @@ def test_progress_refreshes_at_most_every_interval(lines: bool) -> None:
 def test_progress_without_total_shows_the_count() -> None:
     out = io.StringIO()
     with ProgressReporter(file=out, desc="demo", lines=False) as reporter:
-        reporter.update(make_stats(samples=64))
+        reporter.update(make_stats(samples=64, failures=0))
     assert "demo: 64 img" in out.getvalue()
 
 
@@ -68,14 +68,14 @@ def test_off_a_terminal_progress_is_plain_lines() -> None:
     clock, log = ScriptedClock(), io.StringIO()
     reporter = ProgressReporter(total=1000, desc="epoch 0", file=log, clock=clock)
     assert reporter.lines and reporter.min_interval_s == 10.0
-    reporter.step(lambda: make_stats(samples=250))
+    reporter.step(lambda: make_stats(samples=250, failures=0))
     clock.advance(5.0)
     assert reporter.step(lambda: make_stats(samples=500)) is False  # not yet 10 s
-    reporter.close(make_stats(samples=1000))
+    reporter.close(make_stats(samples=1000, failures=0))
     assert "\r" not in log.getvalue()
     assert log.getvalue().splitlines() == [
-        "epoch 0: 250/1000 img (25%) img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4",
-        "epoch 0: 1000/1000 img (100%) img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4",
+        "epoch 0: 250/1000 img (25%) img/s=601 stall=12.5% gpu=80% bottleneck=decode",
+        "epoch 0: 1000/1000 img (100%) img/s=601 stall=12.5% gpu=80% bottleneck=decode",
     ]
     terminal = ProgressReporter(total=10, file=Terminal())
     assert not terminal.lines and terminal.min_interval_s == 0.5
@@ -85,7 +85,7 @@ def test_progress_counts_from_its_start() -> None:
     # A loader's stats count every epoch: the second epoch's bar starts at 1000, not 0.
     out = io.StringIO()
     with ProgressReporter(
-        total=1000, file=out, desc="epoch 1", start=1000, lines=False
+        total=1000, file=out, desc="epoch 1", start=1000, lines=False, start_failures=4
     ) as reporter:
         reporter.update(make_stats(samples=1064))
         reporter.update(make_stats(samples=2000))
@@ -223,8 +223,22 @@ def test_jsonl_lines_are_on_disk_before_close_and_carry_the_extra_fields(
 def test_a_later_epochs_progress_counts_from_its_own_start(lines: bool) -> None:
     # The loader's stats count every epoch's samples; epoch 2 of 50 starts at 100.
     out = io.StringIO()
-    reporter = ProgressReporter(total=50, file=out, start=100, lines=lines)
+    reporter = ProgressReporter(total=50, file=out, start=100, lines=lines, start_failures=4)
     reporter.update(make_stats(samples=120))
     reporter.close(make_stats(samples=130))
     text = out.getvalue()
     assert "30/50" in text and "130/" not in text and "120/" not in text
+
+
+@pytest.mark.parametrize("lines", [False, True])
+def test_failed_samples_count_towards_the_total(lines: bool) -> None:
+    # An epoch of 64 with 7 bad files delivers 57: its bar ended at 57/64 beside failed=7.
+    # Repeats that pad a rank's last batches are delivered too: the count stops at the total.
+    out = io.StringIO()
+    reporter = ProgressReporter(total=64, file=out, start=100, lines=lines, start_failures=2)
+    reporter.update(make_stats(samples=130, failures=5))
+    reporter.update(make_stats(samples=157, failures=9))
+    reporter.close(make_stats(samples=164, failures=9))
+    text = out.getvalue()
+    assert "33/64" in text and "64/64" in text and "failed=7" in text
+    assert "57/64" not in text and "71/" not in text
