@@ -60,9 +60,11 @@ from gpu_loader.pipeline import (
     SlowLane,
 )
 from gpu_loader.pipeline._errors import (
+    MAX_CAUSES,
     FailurePolicy,
     add_note,
     limit_failure,
+    rate_passed,
     release_locals,
 )
 from gpu_loader.pipeline._runtime import JOIN_TIMEOUT_S
@@ -261,6 +263,13 @@ class Received:
             self.ledger.complete(position, ok=False)
             self.stage_failures[stage] = self.stage_failures.get(stage, 0) + 1
 
+    def failure_totals(self) -> tuple[int, int, dict[str, int]]:
+        """(samples done: delivered or failed, samples failed, failures per stage) this
+        epoch, those before a resume included."""
+        with self.lock:
+            counts = {stage: n for stage, n in self.stage_failures.items() if n}
+            return self.ledger.delivered + self.ledger.failed, sum(counts.values()), counts
+
     def state(self) -> dict[str, Any]:
         with self.lock:
             state = self.ledger.to_state(self.mode, self.batches)
@@ -327,6 +336,9 @@ def _is_count(value: object) -> bool:
 
 
 _READ_STAGES = ("read", "fetch")
+_STAGE_ORDER = {stage: i for i, stage in enumerate((*_READ_STAGES, "decode", "gpu_decode"))}
+"""Where a stage's failures stand in a message that counts them by stage (others last)."""
+_SHOWN = {"unknown": "before resume"}
 
 
 def stage_failures_of(state: Mapping[str, Any] | None, failed: int) -> dict[str, int]:
@@ -710,7 +722,11 @@ class EpochBase:
                         try:
                             if (timeout := loader.options.batch_timeout_s) is not None:
                                 self.wait_deadline = time.monotonic() + timeout
+                            if not ended:
+                                self.check_failure_total()
                             produced = None if ended else self.next_batch()
+                            if produced is None and not ended:
+                                self.check_failure_total(final=True)
                         except Exception as exc:
                             self.check_not_stopped()  # a stopped epoch's own error is noise
                             if isinstance(exc, PipelineFailure) and exc.limit_reached:
@@ -720,7 +736,12 @@ class EpochBase:
                                     raise limit_failure(
                                         self.failure_advice(exc.exceptions), exc.exceptions
                                     ) from None
+                                # A stage's own limit: said as the epoch's, with every
+                                # stage's count (a stage is past it only if they are).
+                                if (total := self.failure_total_error(final=False)) is not None:
+                                    exc = total
                                 add_note(exc, self.failure_advice(exc.exceptions))
+                                raise exc from None
                             raise
                         padding = ended = produced is None
                         if padding:
@@ -931,9 +952,52 @@ class EpochBase:
             )
         return (
             f"ImageLoader: more samples failed than max_failures={loader.max_failures!r} "
-            f"allows (a limit per pipeline stage).{first} loader.failed_samples() lists "
+            f"allows (bad files of every stage together).{first} loader.failed_samples() lists "
             "each with its key; pass a larger max_failures (None: no limit) to go on."
         )
+
+    def check_failure_total(self, *, final: bool = False) -> None:
+        """Apply ``max_failures`` to the epoch's failed samples, every stage together (the
+        stages apply it each to their own, which a mix of unreadable and undecodable files
+        could pass: 3 bad files went through max_failures=2, 1 in read and 2 in decode).
+        Called by the training loop's thread before each batch and at the end, so a
+        failure stops the epoch at most a batch later than a stage's own limit would."""
+        if (error := self.failure_total_error(final=final)) is not None:
+            raise error
+
+    def failure_total_error(self, *, final: bool) -> PipelineFailure | None:
+        """The `PipelineFailure` for the epoch's failures past ``max_failures`` (a count at
+        once, a rate as the engine judges one, `rate_passed`), None while within it."""
+        limit = self.loader.max_failures
+        if limit is None or self.loader.on_error != "skip":
+            return None
+        done, failed, per_stage = self.received.failure_totals()
+        if not failed:
+            return None
+        if isinstance(limit, int):
+            if failed <= limit:
+                return None
+            detail = f"{failed} samples failed"
+        else:
+            if not rate_passed(failed, done, limit, final=final):
+                return None
+            detail = f"{failed} of {done} samples failed"
+        ordered = sorted(per_stage.items(), key=lambda kv: _STAGE_ORDER.get(kv[0], 99))
+        # A state written before failures were kept per stage counts them as "unknown".
+        stages = ", ".join(f"{_SHOWN.get(stage, stage)} {n}" for stage, n in ordered)
+        causes = self.failure_causes() or [
+            RuntimeError(f"{failed} samples failed before the point this epoch resumed from")
+        ]
+        return limit_failure(
+            f"this epoch's failed samples passed max_failures={limit!r} ({detail}: "
+            f"{stages}); see failed_samples() for every key",
+            causes,
+        )
+
+    def failure_causes(self) -> list[Exception]:
+        """The errors of this pass's first failed samples (at most `MAX_CAUSES`), for a
+        `PipelineFailure` of the whole epoch's."""
+        raise NotImplementedError
 
     def stop_feeding(self) -> None:
         """Stop starting samples: wake the source thread if it waits for the window."""
@@ -1510,10 +1574,17 @@ class CpuEpoch(EpochBase):
 
     # -- failures and shutdown -------------------------------------------------------------
     def stage_failures(self) -> list[FailedSample]:
+        return [as_failed(r, self.epoch) for r in self.failure_records()]
+
+    def failure_records(self) -> list[FailureRecord]:
         records = self.pipeline.failures()
         for policy in self.run_policies.values():
             records += policy.records()
-        return [as_failed(r, self.epoch) for r in records]
+        return records
+
+    def failure_causes(self) -> list[Exception]:
+        errors = (r.error for r in self.failure_records())
+        return [e for e in errors if isinstance(e, Exception)][:MAX_CAUSES]
 
     def engine_stats(self) -> Any:
         stats = self.pipeline.stats()

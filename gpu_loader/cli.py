@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_failure_limit,
         default=0.01,
         metavar="N|RATE|none",
-        help="bad files tolerated per stage before the run stops: a count, a rate in (0, 1], "
+        help="bad files tolerated per epoch before the run stops: a count, a rate in (0, 1], "
         "or none for no limit (default: 0.01); bad files are listed in the report (the "
         "first 20 in the text; --json has all, with their errors)",
     )

@@ -264,11 +264,12 @@ class ImageLoader:
     Bad samples: with ``on_error="skip"`` (the default) a sample that fails to read or
     decode is left out and listed in `failed_samples()` with its key. The epoch stops with
     `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
-    naming its sample) once one stage's failures pass ``max_failures``: an int count, a
-    rate in (0, 1] over the stage's samples at the end (earlier only once it has seen 100
-    and the rate is above the limit beyond doubt: 99.9% confidence), or None (or 1.0) for
-    no limit. It counts per stage (read and decode separately; on the GPU path fetch, and
-    GPU decode per sample). ``on_error="raise"`` stops at
+    naming its sample) once the epoch's failed samples pass ``max_failures``: an int
+    count, a rate in (0, 1] over the epoch's samples at the end (earlier only once it has
+    seen 100 and the rate is above the limit beyond doubt: 99.9% confidence), or None (or
+    1.0) for no limit. It counts the failures of every stage together (read, decode,
+    augment; on the GPU path fetch and GPU decode), so both paths stop at the same
+    count; each stage also applies it to its own. ``on_error="raise"`` stops at
     the first failure, with the same exception.
 
     ``sample_weights`` (one number >= 0 per sample of the source, in its order) makes

@@ -338,7 +338,14 @@ def test_failures_before_the_checkpoint_are_reported_after_resume(
 @pytest.mark.parametrize("batching", ["ordered", "straggler"])
 @pytest.mark.parametrize(
     ("limit", "message"),
-    [(3, "more than 3 failures (4 items failed)"), (0.1, "above 0.1 (4 of 34 items failed)")],
+    [
+        # The epoch's count, every stage together (4 bad decodes and a missing file): it
+        # may stop before the last of them is met.
+        (3, r"passed max_failures=3 \((4|5) samples failed: (read 1, )?decode [34]\)"),
+        # The decode stage's own rate (4 of 34), judged at its end; the epoch's (5 of 35)
+        # would be judged at the epoch's, a batch or more later.
+        (0.1, re.escape("above 0.1 (4 of 34 items failed)")),
+    ],
 )
 def test_max_failures_counts_the_failures_before_the_checkpoint(
     bad_list: tuple[FileList, set[str]], batching: str, limit: float, message: str
@@ -347,7 +354,7 @@ def test_max_failures_counts_the_failures_before_the_checkpoint(
     # checkpointed often passed any limit: 4 bad decodes (and a missing file) of 35
     # against max_failures=3 or 0.1 stopped an uninterrupted epoch, not a resumed one.
     items, _ = bad_list
-    with pytest.raises(gl.PipelineFailure, match=re.escape(message)):
+    with pytest.raises(gl.PipelineFailure, match=message):
         for _ in make(items, max_failures=limit, batching=batching, shuffle=False):
             pass
     # (No limit while saving: the threads may meet every bad file before the first batch.)
@@ -356,7 +363,7 @@ def test_max_failures_counts_the_failures_before_the_checkpoint(
     assert state["batcher"]["failed_stages"]  # the checkpoint saw a bad file
     fresh = make(items, max_failures=limit, batching=batching, shuffle=False)
     fresh.load_state_dict(state)
-    with pytest.raises(gl.PipelineFailure, match=re.escape(message)):
+    with pytest.raises(gl.PipelineFailure, match=message):
         for _ in fresh:
             pass
 
@@ -386,8 +393,8 @@ def test_a_state_from_before_failures_were_kept_per_stage_counts_them_as_decode(
     with pytest.raises(gl.PipelineFailure) as info:
         for _ in fresh:
             pass
-    found = re.match(r"stage '(\w+)': .*\((\d+) items? failed\)", str(info.value))
-    assert found is not None and (found[1], int(found[2])) == ("decode", failed), str(info.value)
+    # The epoch's count names them as what they are.
+    assert re.search(rf"samples failed: .*before resume {failed}\)", str(info.value))
     restored = [f for f in fresh.failed_samples() if f.stage == "before resume"]
     assert len(restored) == failed and any(f.key.endswith("corrupt.jpg") for f in restored)
     bad = json.loads(json.dumps(state))
@@ -416,7 +423,7 @@ def test_a_resume_already_past_a_lower_limit_stops_before_any_batch(
             delivered += len(y)
     assert delivered == 0 and info.value.limit_reached
     advice = " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
-    named = advice.split("First: ")[1].split(" (before resume: ")[0]
+    named = advice.split("First: ")[1].split(" (")[0]
     assert named in bad_keys
 
 

@@ -80,7 +80,8 @@ def test_max_failures_counts_the_fetch_failures_before_the_checkpoint(
     # checked): past max_failures=3 whether or not the epoch was resumed in between (a
     # resumed epoch counted only its own).
     source, _ = bad_list
-    past = r"more than 3 failures \([45] items"  # the fourth, or the fifth alongside it
+    # The fourth, or the fifth alongside it.
+    past = r"passed max_failures=3 \([45] samples failed: fetch [45]\)"
     with pytest.raises(PipelineFailure, match=past):
         labels_of(make(source, batch_size=4, shuffle=False, max_failures=3))
     saver = make(source, batch_size=4, shuffle=False, max_failures=None)  # no limit while saving
@@ -305,7 +306,8 @@ def test_a_batch_failing_whole_counts_each_sample(
         return launch(self, *args, **kw)
 
     monkeypatch.setattr(_gpu_stage.GpuBatchStage, "_launch", second_batch_fails)
-    with pytest.raises(PipelineFailure, match="8 of"):  # 8 samples, not 1 call, against 2
+    # 8 samples, not 1 call, against 2.
+    with pytest.raises(PipelineFailure, match=r"\(8 samples failed: gpu_decode 8\)"):
         labels_of(make(unique_list, max_failures=2, shuffle=False))
 
 
@@ -465,3 +467,19 @@ def test_a_rank_short_of_batches_is_padded_with_repeats(photo_dir: Path, tmp_pat
     good = [i for i in loader.sampler if i not in bad]
     assert len(labels) == len(loader)
     assert sorted(labels[: len(good)]) == sorted(good) and labels[len(good) :] == good[:2]
+
+
+@pytest.mark.parametrize("decode_on", ["cpu", "gpu"])
+def test_a_count_limit_stops_both_paths_at_the_same_count(
+    bad_list: tuple[FileList, set[str]], decode_on: str
+) -> None:
+    # Five bad files: the CPU path fails them in read (1) and decode (4), the GPU path in
+    # fetch (5). Counted per stage only, max_failures=4 stopped the GPU path's epoch and
+    # let the CPU path's through.
+    source, _ = bad_list
+    options = gpu_options() if decode_on == "gpu" else gl.LoaderOptions(monitor_gpu=False)
+    with pytest.raises(PipelineFailure, match=r"\(5 samples failed: .*\)") as info:
+        labels_of(make(source, options=options, shuffle=False, max_failures=4))
+    assert info.value.limit_reached
+    loader = make(source, options=options, shuffle=False, max_failures=5)
+    assert len(labels_of(loader)) == 30 and len(loader.failed_samples()) == 5
