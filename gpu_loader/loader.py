@@ -873,10 +873,15 @@ class ImageLoader:
     def _make_progress(self, samples: int, monitor: Monitor) -> ProgressReporter | None:
         if not self.options.progress:
             return None
-        # The monitor counts samples and failures over every epoch; this bar, this epoch's.
-        earlier = self._failure_count() - len(self.failed_samples(self.epoch))
+        # The monitor counts samples and failures over every epoch; this bar, this pass's
+        # (``samples``: those it has left). Made before the pass starts its threads, so
+        # every failure counted now is another epoch's or from before a resume (QA55: a
+        # resumed bar counted those as done and reached its total early).
         return ProgressReporter(
-            samples, desc=f"epoch {self.epoch}", start=monitor.rate.samples, start_failures=earlier
+            samples,
+            desc=f"epoch {self.epoch}",
+            start=monitor.rate.samples,
+            start_failures=self._failure_count(),
         )
 
     def _pin_batches(self) -> bool:

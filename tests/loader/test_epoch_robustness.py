@@ -165,6 +165,41 @@ def test_each_epochs_progress_bar_counts_that_epoch(
     assert f"{n}/{n}" in second and f"{2 * n}/" not in second
 
 
+def test_a_resumed_epochs_progress_counts_only_what_it_has_left(
+    bad_list: tuple[FileList, set[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The bar's total is what the resumed pass has left; the failures from before the
+    # checkpoint were counted as done too (QA55: 21/128 after 16 samples, and the bar
+    # reached its total early), and shown as this bar's.
+    from tests.loader.conftest import checkpoint_after_a_failure
+
+    items, _ = bad_list
+
+    def make(**kw: Any) -> gl.ImageLoader:
+        return gl.ImageLoader(
+            items,
+            batch_size=4,
+            transform=EvalTransform(32),
+            shuffle=False,
+            max_failures=None,
+            **kw,
+        )
+
+    state = checkpoint_after_a_failure(make())
+    restored = sum(stop - start for start, stop in state["batcher"]["failed"])
+    assert restored >= 1
+    capsys.readouterr()
+    loader = make(options=gl.LoaderOptions(monitor_gpu=False, progress=True))
+    loader.load_state_dict(state)
+    with loader:
+        delivered = sum(len(y) for _, y in loader)
+    now = len(loader.failed_samples()) - restored
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch 0:")]
+    left = delivered + now
+    assert lines[-1].startswith(f"epoch 0: {left}/{left} img")
+    assert (f"failed={now}" in lines[-1]) if now else ("failed=" not in lines[-1])
+
+
 @pytest.mark.parametrize("path", ["cpu", "gpu"])
 def test_a_batch_frees_its_slots_after_its_bookkeeping(
     unique_list: FileList, path: str, monkeypatch: pytest.MonkeyPatch
