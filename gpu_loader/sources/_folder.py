@@ -216,17 +216,34 @@ def _scan_fsspec(
     if not fs.isdir(inner):
         raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")
     entries = fs.ls(inner, detail=True)
-    classes = sorted(
-        posixpath.basename(e["name"].rstrip("/")) for e in entries if e["type"] == "directory"
-    )
+    names = [_child_name(e["name"], inner) for e in entries if e["type"] == "directory"]
+    # A folder with no name (an object key "root//x.jpg", a zip member named "/x/y.jpg")
+    # is no class: as one, its search found the whole root again, each file a second
+    # time under its label (QA54). No local folder has one, nor "." or "..".
+    if odd := [n for n in names if n in ("", ".", "..")]:
+        _log.warning(
+            "ImageFolder: %s lists %d folder(s) named %s, which cannot be classes; passed over "
+            "(an archive member with an absolute name, or an object key holding '//')",
+            root,
+            len(odd),
+            " and ".join(sorted({repr(n) for n in odd})),
+        )
+    classes = sorted(n for n in names if n not in ("", ".", ".."))
     if not classes:
         raise _no_classes(root)
     files: list[_Found] = []
     empty: list[str] = []
+    unreadable: list[str] = []
     for label, name in enumerate(classes):
-        found = fs.find(f"{inner}/{name}", detail=True)
+        folder = f"{inner}/{name}/" if inner else f"{name}/"
+        found = fs.find(folder.rstrip("/"), detail=True)
         chosen = []
         for path, info in found.items():
+            if not path.startswith(folder):
+                # A zip member "/Cat/x.jpg", found under Cat, whose key (root + relative
+                # path) would name "Cat/x.jpg", which the archive does not hold.
+                unreadable.append(path)
+                continue
             base = posixpath.basename(path)
             if info.get("type") == "file" and base.lower().endswith(exts):
                 if apple_double(base):
@@ -239,6 +256,25 @@ def _scan_fsspec(
         chosen.sort(key=lambda ps: posixpath.split(ps[0]))
         for path, size in chosen:
             files.append((path[len(inner) :].lstrip("/"), label, size))
+    if unreadable:
+        _log.warning(
+            "ImageFolder: %s lists %d file(s) whose names do not lie under their class "
+            "folder's (e.g. %r: an archive member with an absolute name); passed over",
+            root,
+            len(unreadable),
+            unreadable[0],
+        )
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
     return classes, files
+
+
+def _child_name(name: str, parent: str) -> str:
+    """The name of ``name``, an entry that ``fs.ls(parent)`` listed: relative to
+    ``parent`` where it starts with it, so an empty one ("/aa/" under "/aa", from an object
+    key "aa//x.jpg") stays empty rather than its basename, the parent's own name."""
+    if parent and name.startswith(parent):
+        rest = name[len(parent) :]
+        if rest.startswith("/"):
+            return rest[1:].rstrip("/")
+    return posixpath.basename(name.rstrip("/"))

@@ -143,6 +143,33 @@ def test_extensions_can_be_narrowed(tree: Path) -> None:
     assert [os.path.relpath(one.key(i), tree) for i in range(len(one))] == ["dog/sub/c.jpeg"]
 
 
+def test_a_folder_with_no_name_is_no_class(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # An object key "root//x.jpg" and a zip member "/x/y.jpg" list a folder named "": as a
+    # class, its search found the whole root again, each file a second time under label 0
+    # and every real label one higher (QA54).
+    import io
+    import zipfile
+
+    fs, base = memfs
+    root = copy_to_memory(fs, tree, base + "/data")
+    fs.pipe_file(f"{base}/data//stray.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        for rel, _ in TREE_EXPECTED:
+            archive.writestr(rel, (tree / rel).read_bytes())
+        archive.writestr("/Cat/stray.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
+    fs.pipe_file(f"{base}/z.zip", packed.getvalue())
+    for url in (root, f"zip://::memory://{base}/z.zip"):
+        caplog.clear()
+        index = ImageFolder(url)
+        assert index.classes == ["Cat", "bird", "dog"]
+        assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
+        assert index.fingerprint() == ImageFolder(tree).fingerprint()
+        assert "folder(s) named ''" in caplog.text
+
+
 @pytest.mark.parametrize("inside", ["", "data"])
 def test_a_folder_inside_a_zip_reads_through_a_chained_url(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], inside: str
