@@ -54,13 +54,15 @@ class FileList(FileIndex):
                     f"FileList item {n}: {location!r} is not relative to `root`; give "
                     "relative paths with `root`, or no `root`"
                 )
+            if location.startswith("file://"):  # file://d/x.jpg: relative to the cwd now
+                location = _io.anchored(location)
             locations.append(location)
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))
         names = list(classes) if classes is not None else []
         check_labels_index(labels, names, "FileList")
         suffix = ""
         if root is not None:
-            prefix, suffix = _affixes(os.fspath(root))
+            prefix, suffix = _affixes(_io.anchored(os.fspath(root)))
         elif locations and not any(_absolute(entry) for entry in locations):
             prefix = os.path.join(os.getcwd(), "")  # the names, and so the fingerprint, as given
         else:
@@ -164,10 +166,11 @@ def _absolute(entry: str) -> bool:
 
 def _base_of(location: str) -> str:
     """The folder (or URL) a CSV at ``location`` sits in; absolute for a local file, so
-    its samples' keys survive a change of working directory."""
+    its samples' keys survive a change of working directory (a ``file://`` one too)."""
+    location = _io.anchored(location)
     if _io.is_url(location):
         return _io.url_parent(location)
-    return os.path.dirname(os.path.abspath(location))
+    return os.path.dirname(location)
 
 
 def _affixes(base: str) -> tuple[str, str]:

@@ -157,6 +157,17 @@ def local_path(location: str) -> str | None:
     return None if is_url(location) else location
 
 
+def anchored(location: str) -> str:
+    """``location`` with a relative local path made absolute: a plain path, or a
+    ``file://`` URL's (``file://d/x.jpg``, which fsspec and `local_path` read from the
+    working folder). Other URLs are returned as they are. For what an index keeps, so a
+    later ``os.chdir`` does not change what it names (QA54)."""
+    if location.startswith("file://"):
+        path = location[len("file://") :]
+        return location if os.path.isabs(path) else "file://" + os.path.abspath(path)
+    return location if is_url(location) else os.path.abspath(location)
+
+
 def add_key_note(exc: BaseException, key: str) -> None:
     """Attach the sample key to an exception raised while reading it."""
     add_note(exc, f"sample: {key}")

@@ -74,6 +74,9 @@ class TarShards:
         )
         if not shards:
             raise ValueError("TarShards needs at least one shard path or URL, got none")
+        # Relative local paths made absolute, as every index's (QA54: after an os.chdir,
+        # every read of "train.tar" failed as not found).
+        shards = [_io.anchored(shard) for shard in shards]
         _refuse_repeats(shards)
         if index_threads < 1:
             raise ValueError(f"`index_threads` must be >= 1, got {index_threads}")

@@ -326,6 +326,32 @@ def test_relative_paths_keep_naming_their_files_after_a_chdir(
     assert relative.fingerprint() == FileList([("imgs/a.jpg", 0)], root="/else").fingerprint()
 
 
+def test_relative_file_urls_and_roots_keep_naming_their_files_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA54: a file:// URL with a relative path, a CSV named by one, a relative `root` and
+    # a relative tar shard stayed relative, and every read after a chdir was not found.
+    from gpu_loader.sources import TarShards, open_index
+    from tests.sources._data import shard_bytes
+
+    data = write(tmp_path / "imgs" / "a.jpg", image_bytes(1)).read_bytes()
+    (tmp_path / "imgs" / "list.csv").write_text("path,label\na.jpg,0\n")
+    (tmp_path / "s.tar").write_bytes(shard_bytes([("k", "jpg", data, 3)]))
+    monkeypatch.chdir(tmp_path)
+    indexes = [
+        FileList([("file://imgs/a.jpg", 0)]),
+        FileList([("a.jpg", 0)], root="imgs"),
+        FileList([("a.jpg", 0)], root="file://imgs"),
+        FileList.from_csv("file://imgs/list.csv"),
+        TarShards("s.tar"),
+        open_index("file://s.tar"),
+    ]
+    monkeypatch.chdir(tmp_path / "imgs")
+    for index in indexes:
+        assert index.read(0) == data, index.key(0)
+        assert str(tmp_path) in index.key(0)
+
+
 def test_fingerprints_tell_name_and_label_apart() -> None:
     from gpu_loader.sources._base import fingerprint_of
 
