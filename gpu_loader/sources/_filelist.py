@@ -54,7 +54,7 @@ class FileList(FileIndex):
                     f"FileList item {n}: {location!r} is not relative to `root`; give "
                     "relative paths with `root`, or no `root`"
                 )
-            if location.startswith("file://"):  # file://d/x.jpg: relative to the cwd now
+            if location.startswith(_io.LOCAL_SCHEMES):  # file://d/x.jpg: from the cwd now
                 location = _io.anchored(location)
             locations.append(location)
             labels.append(check_label(label, f"FileList item {n} ({location!r})"))

@@ -66,8 +66,8 @@ class ImageFolder(FileIndex):
             # absolute, so the keys still name the files after a change of working
             # directory (the fingerprint's names are relative to the root either way)
             prefix = os.path.join(os.path.abspath(path), "")
-            if root_s.startswith("file://"):
-                prefix = f"file://{prefix}"
+            if root_s.startswith(_io.LOCAL_SCHEMES):
+                prefix = f"{root_s.partition('://')[0]}://{prefix}"
         else:
             classes, files = _scan_fsspec(root_s, exts, allow_empty)
             prefix, suffix = _io.url_affixes(root_s)

@@ -150,11 +150,16 @@ def is_url(location: str) -> bool:
 def local_path(location: str) -> str | None:
     """The local file path behind ``location``, or None when it needs fsspec.
 
-    ``file://`` URLs are local files, so they take the fast path too.
+    ``file://`` URLs (and fsspec's other name for them, ``local://``) are local files, so
+    they take the fast path too.
     """
-    if location.startswith("file://"):
-        return location[len("file://") :]
+    if location.startswith(LOCAL_SCHEMES):
+        return location.partition("://")[2]
     return None if is_url(location) else location
+
+
+LOCAL_SCHEMES = ("file://", "local://")
+"""URL schemes of local files (fsspec's ``LocalFileSystem`` goes by both names)."""
 
 
 def anchored(location: str) -> str:
@@ -162,9 +167,9 @@ def anchored(location: str) -> str:
     ``file://`` URL's (``file://d/x.jpg``, which fsspec and `local_path` read from the
     working folder). Other URLs are returned as they are. For what an index keeps, so a
     later ``os.chdir`` does not change what it names (QA54)."""
-    if location.startswith("file://"):
-        path = location[len("file://") :]
-        return location if os.path.isabs(path) else "file://" + os.path.abspath(path)
+    if location.startswith(LOCAL_SCHEMES):
+        scheme, _, path = location.partition("://")
+        return location if os.path.isabs(path) else f"{scheme}://{os.path.abspath(path)}"
     return location if is_url(location) else os.path.abspath(location)
 
 

@@ -139,12 +139,14 @@ def test_a_list_naming_a_shard_twice_and_labels_outside_classes_are_refused(
     for twice in (
         [one, one],
         [one, f"file://{one}"],
+        [one, f"local://{one}"],  # fsspec's other name for file:// (QA54)
         [one, one.replace("/train-", "/./train-")],
         [one, hard],
     ):
         with pytest.raises(ValueError, match="names one shard twice"):
             TarShards(twice)
     labels = TarShards([one]).labels
+    assert TarShards([f"local://{one}"]).read(0) == TarShards([one]).read(0)
     low, high = int(labels.min()), int(labels.max())
     with pytest.raises(ValueError, match=rf"labels span {low}\.\.{high} but 2 classes were named"):
         TarShards([one], classes=["a", "b"])
