@@ -451,6 +451,9 @@ def _open_shard(shard: str) -> IO[bytes]:
     try:
         if path is not None:  # a FIFO or a device as a shard would hang or never end
             return io.BufferedReader(_io.open_regular(shard, path, what="tar shard"))
+        # A shard inside an archive (zip://in.tar::outer.zip) is read through the outer
+        # archive's file system, which closes its file when collected: `fsspec_fs` keeps
+        # it for this thread (QA54: "seek of closed file" when it was dropped here).
         fs, inner = _io.fsspec_fs(shard)
         return fs.open(inner, "rb")  # type: ignore[no-any-return]
     except FileNotFoundError:

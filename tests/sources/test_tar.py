@@ -170,6 +170,27 @@ def test_one_memory_shard_spelled_two_ways_is_refused(
     assert len(TarShards([f"simplecache::{url}"])) == 1
 
 
+@pytest.mark.parametrize("outer", ["zip", "tar"])
+def test_a_shard_inside_another_archive_is_indexed_and_read(tmp_path: Path, outer: str) -> None:
+    # QA54: "seek of closed file": the outer archive's file system, dropped once the
+    # shard was open, closed the file the shard was read through.
+    import zipfile
+
+    data = image_bytes(3)
+    inner = shard_bytes([("x", "jpg", data, 1), ("y", "jpg", image_bytes(4), 2)])
+    packed = io.BytesIO()
+    if outer == "zip":
+        with zipfile.ZipFile(packed, "w") as archive:
+            archive.writestr("in.tar", inner)
+    else:
+        with tarfile.open(fileobj=packed, mode="w") as archive:
+            add_member(archive, "in.tar", inner)
+    (tmp_path / f"outer.{outer}").write_bytes(packed.getvalue())
+    index = TarShards([f"{outer}://in.tar::{tmp_path}/outer.{outer}"])
+    assert index.labels.tolist() == [1, 2]
+    assert index.read(0) == data
+
+
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
