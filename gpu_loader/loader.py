@@ -1071,13 +1071,16 @@ class ImageLoader:
         if not latest:
             return  # closed late (an abandoned pass): the monitor is the newer pass's now
         # No thread outlives an epoch: the samplers and the logger start again with the next.
+        # The monitor first: its samplers take their last readings as they stop, which the
+        # log's last line must carry (QA55: an epoch under the 0.5 s sampling interval
+        # logged no cpu_percent at all, while stats() had one).
         logger, self._logger = self._logger, None
         try:
-            if logger is not None:
-                logger.close()
-        finally:  # whatever closing the log raised, the monitor's clock stops
             if self._monitor is not None:
                 self._monitor.suspend()
+        finally:  # whatever stopping the monitor raised, the log gets its last line
+            if logger is not None:
+                logger.close()
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True

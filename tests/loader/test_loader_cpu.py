@@ -868,6 +868,27 @@ def test_each_stats_line_says_which_rank_and_process_wrote_it(
     )
 
 
+def test_an_epochs_last_log_line_carries_what_stats_says_after_it(
+    unique_list: FileList, tmp_path: Path
+) -> None:
+    # The last line was written before the samplers took their last readings: an epoch
+    # shorter than the 0.5 s sampling interval logged no cpu_percent at all (QA55).
+    path = tmp_path / "stats.jsonl"
+    options = gl.LoaderOptions(log_jsonl=str(path), log_interval_s=600, monitor_gpu=False)
+    loader = make(unique_list, batch_size=8, options=options)
+    after = []
+    for _ in range(2):
+        run_epoch(loader)
+        after.append(loader.stats())
+    loader.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for epoch, stats in enumerate(after):
+        last = [line for line in lines if line["epoch"] == epoch][-1]
+        assert last["samples"] == stats.samples
+        assert stats.cpu_percent is not None
+        assert last["cpu_percent"] == pytest.approx(stats.cpu_percent)
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
 def test_a_full_disk_under_the_stats_log_does_not_stop_training(unique_list: FileList) -> None:
     # Closing the log at an epoch's end flushed what a failed write had left and raised
