@@ -74,6 +74,10 @@ class DeviceStats:
     """The most recent reading, inside the window or not."""
 
 
+NOT_STARTED = "not started"
+"""`GpuSnapshot.reason` of a sampler that has not started (a loader not iterated yet)."""
+
+
 @dataclass(frozen=True)
 class GpuSnapshot:
     """What the NVML sampler knows now."""

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._gpu_types import GpuReading, GpuSnapshot
+from ._gpu_types import NOT_STARTED, GpuReading, GpuSnapshot
 from ._nvml_parse import aggregate, parse_memory, parse_name, parse_pcie, parse_utilization
 from ._periodic import PeriodicThread, check_interval
 
@@ -143,7 +143,7 @@ class NvmlSampler(PeriodicThread):
         self._names: dict[int, str] = {}
         self._no_pcie: set[int] = set()
         self._no_util: set[int] = set()
-        self._reason: str | None = "not started"
+        self._reason: str | None = NOT_STARTED
         self._available = False
         self._initialised = False
         self._errors = 0

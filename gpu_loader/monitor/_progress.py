@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TextIO
 
+from ._gpu_types import NOT_STARTED
 from ._periodic import check_interval
 from ._stats import LoaderStats
 
@@ -30,7 +31,7 @@ def progress_postfix(stats: LoaderStats, unit: str = "img", failures: int | None
     """
     if failures is None:
         failures = stats.failures
-    gpu = "no GPU" if stats.gpu_util_percent is None else f"{stats.gpu_util_percent:.0f}%"
+    gpu = gpu_text(stats)
     measured = stats.batches > 1  # a rate needs two; later, zero is a measured stall
     parts = [
         f"{unit}/s={stats.samples_per_s_recent:.0f}" if measured else f"{unit}/s=-",
@@ -42,6 +43,20 @@ def progress_postfix(stats: LoaderStats, unit: str = "img", failures: int | None
     if failures:
         parts.append(f"failed={failures}")
     return " ".join(parts)
+
+
+def gpu_text(stats: LoaderStats) -> str:
+    """``87%``; ``n/a`` for GPUs whose utilisation NVML does not report (MIG, vGPU), ``-``
+    before the sampler has started, ``no GPU`` where NVML found none (QA55: the last two
+    read "no GPU" on a machine with one)."""
+    if stats.gpu_util_percent is not None:
+        return f"{stats.gpu_util_percent:.0f}%"
+    gpu = stats.gpu
+    if gpu is not None and gpu.devices:
+        return "n/a"
+    if gpu is not None and gpu.reason == NOT_STARTED:
+        return "-"
+    return "no GPU"
 
 
 def is_terminal(stream: Any) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._gpu_types import NOT_STARTED
 from ._stages import stage_name, stage_value
 from ._stats import LoaderStats
 
@@ -33,14 +34,23 @@ def _gpu_line(stats: LoaderStats) -> str:
     gpu = stats.gpu
     if gpu is None:
         return "GPU          : not monitored"
-    if not gpu.available and stats.gpu_util_percent is None:
-        return f"GPU          : no GPU ({gpu.reason or 'NVML unavailable'})"
-    if stats.gpu_util_percent is None or stats.gpu_idle_percent is None:
+    if not gpu.devices:
+        if gpu.reason == NOT_STARTED:  # a loader not iterated yet: no claim about GPUs
+            return "GPU          : no readings yet (not started)"
+        if not gpu.available:
+            return f"GPU          : no GPU ({gpu.reason or 'NVML unavailable'})"
         return "GPU          : no readings yet"
-    parts = [
-        f"GPU          : util {stats.gpu_util_percent:.1f}%, idle {stats.gpu_idle_percent:.1f}% "
-        f"(SM activity, mean over the last {gpu.window_s:g} s)"
-    ]
+    if stats.gpu_util_percent is None or stats.gpu_idle_percent is None:
+        # A GPU whose utilisation NVML does not report (MIG, vGPU): its memory still is.
+        head = "GPU          : util n/a (NVML reports no SM activity for these devices)"
+    else:
+        head = (
+            f"GPU          : util {stats.gpu_util_percent:.1f}%, idle "
+            f"{stats.gpu_idle_percent:.1f}% (SM activity, mean over the last {gpu.window_s:g} s)"
+        )
+    if not gpu.available:  # gave up after read errors: what it shows is from before
+        head += f"; sampling stopped ({gpu.reason or 'NVML errors'}), figures from before"
+    parts = [head]
     for d in gpu.devices:
         memory = ""
         if d.memory_used_bytes is not None and d.memory_total_bytes is not None:

@@ -176,6 +176,23 @@ def test_summary_says_no_gpu() -> None:
     assert "not monitored" in format_summary(replace(stats, gpu=None))
 
 
+def test_summary_and_postfix_tell_a_gpu_without_utilisation_from_none() -> None:
+    # QA55: a MIG instance (memory read, no utilisation) was "no readings yet" and
+    # gpu=no GPU; a loader not iterated yet was "no GPU (not started)" on a GPU machine;
+    # a sampler that gave up on errors showed its last figures as current.
+    mig = aggregate([reading(9.0, sm=None, memory_used_bytes=2**30)], 5.0, 10.0)
+    stats = make_stats(gpu=mig, gpu_util_percent=None, gpu_idle_percent=None)
+    text = format_summary(stats)
+    assert "util n/a" in text and "GPU 0: SM n/a, memory 1024 MiB" in text
+    assert "no readings yet" not in text and "gpu=n/a" in progress_postfix(stats)
+    never = replace(stats, gpu=GpuSnapshot.unavailable("not started"))
+    assert "GPU          : no readings yet (not started)" in format_summary(never)
+    assert "gpu=-" in progress_postfix(never)
+    gave_up = replace(gpu_snapshot(), available=False, reason="every NVML read failed")
+    text = format_summary(make_stats(gpu=gave_up))
+    assert "util 80.0%" in text and "sampling stopped (every NVML read failed)" in text
+
+
 def test_progress_postfix() -> None:
     text = progress_postfix(make_stats())
     assert text == "img/s=601 stall=12.5% gpu=80% bottleneck=decode failed=4"
