@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from ._gpu_types import GpuSnapshot
 from ._nvml import NvmlSampler
 from ._periodic import check_interval
-from ._process import ProcessSampler
+from ._process import ProcessSampler, ProcessSnapshot
 from ._rate import RateMeter
 from ._stall import StallMeter
 from ._stats import LoaderStats, diagnose
@@ -115,6 +116,9 @@ class Monitor:
         self._nvml = nvml
         self._proc = proc
         self._suspended = False
+        self._frozen: tuple[ProcessSnapshot, GpuSnapshot | None] | None = None
+        """The samplers' snapshots as `suspend` found them, which `stats` gives until the
+        next `start`."""
         self._gpu_retired = False  # an NVML sampler that found no NVML is never restarted
         self.stall = StallMeter(clock, cfg.window_s)
         self.rate = RateMeter(clock, cfg.window_s)
@@ -157,6 +161,13 @@ class Monitor:
         self._suspended = True
         self._clock.pause()
         self.close()
+        # The samplers' windows run on the wall clock: read now, as the epoch ended, or a
+        # stats() after a pause longer than `window_s` (validation, a checkpoint) had lost
+        # the GPU figures, the frozen one at close() too (QA55).
+        self._frozen = (
+            self.process.snapshot(),
+            self.gpu.snapshot() if self.gpu is not None else None,
+        )
 
     def _renew_samplers(self) -> None:
         cfg = self.config
@@ -176,6 +187,7 @@ class Monitor:
         elif self.gpu is not None:
             self._gpu_retired = True
         self._suspended = False
+        self._frozen = None
 
     def __enter__(self) -> Monitor:
         self.start()
@@ -239,8 +251,11 @@ class Monitor:
         now = self._clock()
         stall = self.stall.snapshot()
         rate = self.rate.snapshot()
-        proc = self.process.snapshot()
-        gpu = self.gpu.snapshot() if self.gpu is not None else None
+        if (frozen := self._frozen) is not None:
+            proc, gpu = frozen
+        else:
+            proc = self.process.snapshot()
+            gpu = self.gpu.snapshot() if self.gpu is not None else None
         stage_list = tuple(stages if stages is not None else getattr(engine, "stages", ()) or ())
         if failures is None:
             failures = sum(int(getattr(s, "failures", 0) or 0) for s in stage_list)

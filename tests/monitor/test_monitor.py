@@ -122,6 +122,27 @@ def test_suspend_joins_samplers_and_start_samples_again() -> None:
     monitor.close()
 
 
+def test_a_pause_longer_than_the_window_keeps_the_figures_of_the_epoch_before() -> None:
+    # The samplers' windows run on the wall clock: after a pause between epochs longer
+    # than `window_s` (validation, a checkpoint) the GPU figures were gone (QA55).
+    from ._fakes import wait_until
+
+    nvml = FakeNvml(gpus=[FakeGpu(sm=80)])
+    monitor = Monitor(MonitorConfig(interval_s=0.005, window_s=0.2), nvml=nvml)
+    monitor.start()
+    assert wait_until(lambda: monitor.stats().gpu_util_percent is not None)
+    monitor.record_batch(4)
+    monitor.suspend()
+    before = monitor.stats()
+    time.sleep(0.3)
+    after = monitor.stats()
+    assert before.gpu_util_percent == after.gpu_util_percent == pytest.approx(80.0)
+    assert after.cpu_percent == before.cpu_percent
+    monitor.start()  # a new epoch samples afresh
+    assert wait_until(lambda: monitor.gpu is not None and monitor.gpu.snapshot().devices != ())
+    monitor.close()
+
+
 def test_a_ctrl_c_inside_suspend_leaves_no_closed_sampler_for_the_next_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
