@@ -87,6 +87,8 @@ def make_stats(**kw: Any) -> LoaderStats:
 
 def test_diagnose_no_batch_training_step_engine_and_busiest() -> None:
     assert diagnose(0.9, 0, STAGES) == (None, "no batch delivered yet")
+    # One batch: its wait was start-up, so the stall reads 0 whatever the loader's speed.
+    assert diagnose(0.0, 1, STAGES, "read", "busy")[0] is None
     name, reason = diagnose(0.01, 10, STAGES, "decode", "busy")
     assert name == "training step" and "1.0%" in (reason or "")
     name, reason = diagnose(0.5, 10, STAGES, "read", "its input queue is full")
