@@ -69,8 +69,9 @@ class ImageFolder(FileIndex):
             if root_s.startswith(_io.LOCAL_SCHEMES):
                 prefix = f"{root_s.partition('://')[0]}://{prefix}"
         else:
-            classes, files = _scan_fsspec(root_s, exts, allow_empty)
+            classes, files, lead = _scan_fsspec(root_s, exts, allow_empty)
             prefix, suffix = _io.url_affixes(root_s)
+            prefix += lead
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         n = len(files)
         super().__init__(
@@ -210,13 +211,23 @@ def _walk(top: str, above: frozenset[tuple[int, int]]) -> list[tuple[str, list[s
 
 def _scan_fsspec(
     root: str, exts: tuple[str, ...], allow_empty: bool
-) -> tuple[list[str], list[_Found]]:
+) -> tuple[list[str], list[_Found], str]:
+    """Classes and files as `_scan_local`'s, and what the keys take between ``root`` and
+    the relative paths: "./" in an archive whose every member is "./<class>/...", else
+    "" (the relative paths, and so the fingerprint, are the same either way)."""
     fs, inner = _io.fsspec_fs(root)
     inner = inner.rstrip("/")
     if not fs.isdir(inner):
         raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")
     entries = fs.ls(inner, detail=True)
     names = [_child_name(e["name"], inner) for e in entries if e["type"] == "directory"]
+    lead = ""
+    if names == ["."] and not [e for e in entries if e["type"] != "directory"]:
+        # An archive made with `tar -cf d.tar -C dir .`: every member is "./<class>/...".
+        # The classes are in that "." (QA54: one class "." whose every read failed).
+        inner, lead = (f"{inner}/." if inner else "."), "./"
+        entries = fs.ls(inner, detail=True)
+        names = [_child_name(e["name"], inner) for e in entries if e["type"] == "directory"]
     # A folder with no name (an object key "root//x.jpg", a zip member named "/x/y.jpg")
     # is no class: as one, its search found the whole root again, each file a second
     # time under its label (QA54). No local folder has one, nor "." or "..".
@@ -266,7 +277,7 @@ def _scan_fsspec(
         )
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
-    return classes, files
+    return classes, files, lead
 
 
 def _child_name(name: str, parent: str) -> str:

@@ -301,6 +301,10 @@ def fsspec_fs(url: str) -> tuple[Any, str]:
         fs = cls(**cls._get_kwargs_from_urls(url))
     elif (archive := _archive_fs(url)) is not None:
         fs, inner = archive
+        # An archive's names are its members' as written: "./a/x.jpg" from `tar -C d .`
+        # is no "a/x.jpg" there (QA54). Looked up in its listing, which it holds in memory.
+        if _resolve_dots(inner) != inner and fs.exists(inner):
+            return fs, inner
     else:
         fs, inner = fsspec.core.url_to_fs(url)
     return fs, _resolve_dots(inner)

@@ -196,6 +196,23 @@ def test_an_archive_is_opened_once_per_thread_not_once_per_read(
     assert sorted(made) == ["r0", "r1", "r2"]  # one each, for 3 x 8 reads each
 
 
+def test_a_tar_of_dot_reads_through_a_chained_url(tree: Path, tmp_path: Path) -> None:
+    # `tar -cf d.tar -C dir .` names every member "./<class>/...": read as one class "."
+    # whose every read failed, the "./" taken off as a path's is (QA54).
+    import tarfile
+
+    with tarfile.open(tmp_path / "d.tar", "w") as archive:
+        for rel, _ in TREE_EXPECTED:
+            archive.add(tree / rel, arcname=f"./{rel}")
+    for root in (f"tar://::{tmp_path}/d.tar", f"tar://.::{tmp_path}/d.tar"):
+        index = ImageFolder(root)
+        assert index.classes == ["Cat", "bird", "dog"]
+        assert index.fingerprint() == ImageFolder(tree).fingerprint()
+        for i, (rel, _) in enumerate(TREE_EXPECTED):
+            assert index.key(i) == f"tar://./{rel}::{tmp_path}/d.tar"
+            assert index.read(i) == (tree / rel).read_bytes()
+
+
 def test_a_folder_with_no_name_is_no_class(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], caplog: pytest.LogCaptureFixture
 ) -> None:
