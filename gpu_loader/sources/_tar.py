@@ -44,7 +44,8 @@ ALL_IMAGE_EXTENSIONS = IMAGE_EXTENSIONS | OTHER_IMAGE_EXTENSIONS
 LABEL_EXTENSION = "cls"
 
 # WebDataset's rule: the key is everything up to the first dot of the file name.
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./][^./]*)\.([^/]*)$")
+# DOTALL and \Z: a name may hold a newline (QA54: "new\nline/a.jpg" had no key).
+_KEY_EXT = re.compile(r"\A((?:.*/|)[^./][^./]*)\.([^/]*)\Z", re.DOTALL)
 
 # (image member name, data offset, data size, label or -1)
 _Entry = tuple[str, int, int, int]

@@ -191,6 +191,20 @@ def test_a_shard_inside_another_archive_is_indexed_and_read(tmp_path: Path, oute
     assert index.read(0) == data
 
 
+def test_a_member_name_holding_a_newline_is_a_sample(tmp_path: Path) -> None:
+    # QA54: "new\nline/a.jpg" was dropped as if its name started with a dot: the key
+    # pattern's "." did not match a newline.
+    data = image_bytes(5)
+    path = tmp_path / "n.tar"
+    path.write_bytes(shard_bytes([("new\nline/a", "jpg", data, 2), ("b\n", "jpg", data, 1)]))
+    index = TarShards([str(path)])
+    assert [index.key(i) for i in range(len(index))] == [
+        f"{path}:new\nline/a.jpg",
+        f"{path}:b\n.jpg",
+    ]
+    assert index.labels.tolist() == [2, 1] and index.read(0) == data
+
+
 def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
