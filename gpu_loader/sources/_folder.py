@@ -245,12 +245,14 @@ def _scan_fsspec(
     files: list[_Found] = []
     empty: list[str] = []
     unreadable: list[str] = []
+    # Under a chained root a key's "::" splits its URL: such a name has no key (QA54).
+    colons = _io.chained(root)
     for label, name in enumerate(classes):
         folder = f"{inner}/{name}/" if inner else f"{name}/"
         found = fs.find(folder.rstrip("/"), detail=True)
         chosen = []
         for path, info in found.items():
-            if not path.startswith(folder):
+            if not path.startswith(folder) or (colons and "::" in path):
                 # A zip member "/Cat/x.jpg", found under Cat, whose key (root + relative
                 # path) would name "Cat/x.jpg", which the archive does not hold.
                 unreadable.append(path)
@@ -269,11 +271,12 @@ def _scan_fsspec(
             files.append((path[len(inner) :].lstrip("/"), label, size))
     if unreadable:
         _log.warning(
-            "ImageFolder: %s lists %d file(s) whose names do not lie under their class "
-            "folder's (e.g. %r: an archive member with an absolute name); passed over",
+            "ImageFolder: %s lists %d file(s) no key can name (%s: an archive member "
+            "with an absolute name, or a name holding '::' under a chained URL, where '::' "
+            "separates the links); passed over",
             root,
             len(unreadable),
-            unreadable[0],
+            ", ".join(map(repr, unreadable[:3])) + (", ..." if len(unreadable) > 3 else ""),
         )
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)

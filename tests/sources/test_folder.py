@@ -213,7 +213,7 @@ def test_a_tar_of_dot_reads_through_a_chained_url(tree: Path, tmp_path: Path) ->
             assert index.read(i) == (tree / rel).read_bytes()
 
 
-def test_a_folder_with_no_name_is_no_class(
+def test_a_folder_with_no_name_is_no_class_and_a_name_no_key_can_hold_no_sample(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     # An object key "root//x.jpg" and a zip member "/x/y.jpg" list a folder named "": as a
@@ -230,6 +230,9 @@ def test_a_folder_with_no_name_is_no_class(
         for rel, _ in TREE_EXPECTED:
             archive.writestr(rel, (tree / rel).read_bytes())
         archive.writestr("/Cat/stray.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
+        # "::" splits a chained URL: no key can name this one (it was listed, then every
+        # read of it was "not found").
+        archive.writestr("Cat/g::h.jpg", (tree / TREE_EXPECTED[0][0]).read_bytes())
     fs.pipe_file(f"{base}/z.zip", packed.getvalue())
     for url in (root, f"zip://::memory://{base}/z.zip"):
         caplog.clear()
@@ -238,6 +241,7 @@ def test_a_folder_with_no_name_is_no_class(
         assert index.labels.tolist() == [label for _, label in TREE_EXPECTED]
         assert index.fingerprint() == ImageFolder(tree).fingerprint()
         assert "folder(s) named ''" in caplog.text
+    assert "'Cat/g::h.jpg'" in caplog.text and "2 file(s) no key can name" in caplog.text
 
 
 @pytest.mark.parametrize("inside", ["", "data"])
