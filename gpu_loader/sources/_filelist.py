@@ -88,6 +88,12 @@ class FileList(FileIndex):
             data = _io.read_list_file(location)  # a list, not a sample: no per-sample limit
         except FileNotFoundError:
             raise FileNotFoundError(f"CSV file {location!r} not found") from None
+        except (OSError, ValueError):
+            raise
+        except Exception as exc:  # zipfile.BadZipFile around it, say: name the CSV
+            raise ValueError(
+                f"CSV file {location!r} could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:

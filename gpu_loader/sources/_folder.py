@@ -69,7 +69,14 @@ class ImageFolder(FileIndex):
             if root_s.startswith(_io.LOCAL_SCHEMES):
                 prefix = f"{root_s.partition('://')[0]}://{prefix}"
         else:
-            classes, files, lead = _scan_fsspec(root_s, exts, allow_empty)
+            try:
+                classes, files, lead = _scan_fsspec(root_s, exts, allow_empty)
+            except (OSError, ValueError):
+                raise
+            except Exception as exc:  # zipfile.BadZipFile, tarfile.ReadError: name the root
+                raise ValueError(
+                    f"ImageFolder root {root_s!r} could not be listed: {type(exc).__name__}: {exc}"
+                ) from exc
             prefix, suffix = _io.url_affixes(root_s)
             prefix += lead
         self.class_to_idx = {name: i for i, name in enumerate(classes)}

@@ -569,3 +569,16 @@ def test_macos_resource_forks_are_passed_over(
     for index in (ImageFolder(tree), ImageFolder(copy_to_memory(memfs[0], tree, memfs[1]))):
         assert len(index) == len(TREE_EXPECTED)
         assert not any("/._" in index.key(i) for i in range(len(index)))
+
+
+def test_an_archive_root_that_is_no_archive_is_named(tmp_path: Path) -> None:
+    # QA54: a bare "BadZipFile: File is not a zip file", naming neither root nor CSV.
+    from gpu_loader.sources import FileList
+
+    (tmp_path / "not.zip").write_bytes(b"garbage" * 10)
+    root = f"zip://::{tmp_path}/not.zip"
+    with pytest.raises(ValueError, match=re.escape(f"ImageFolder root {root!r}")):
+        ImageFolder(root)
+    csv = f"zip://l.csv::{tmp_path}/not.zip"
+    with pytest.raises(ValueError, match=re.escape(f"CSV file {csv!r} could not be read")):
+        FileList.from_csv(csv)
