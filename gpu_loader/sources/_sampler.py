@@ -98,8 +98,9 @@ def check_weights(weights: Any, num_samples: int) -> np.ndarray:
 class Sampler:
     """This rank's dataset indices for each epoch, with resumable progress.
 
-    ``position`` counts how many of ``indices()`` the consumer has taken (the loader
-    sets it); ``set_epoch(e)`` with a new epoch resets it to 0, while repeating the
+    ``position`` counts how many of ``indices()`` the consumer has taken, for code that
+    iterates a Sampler itself (`ImageLoader` leaves it at 0 and keeps its progress in its
+    own state); ``set_epoch(e)`` with a new epoch resets it to 0, while repeating the
     current epoch keeps it, so ``load_state_dict`` followed by the usual
     ``set_epoch(epoch)`` at the top of the training loop resumes mid-epoch.
     """
