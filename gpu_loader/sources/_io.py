@@ -323,8 +323,10 @@ def _archive_fs(url: str) -> tuple[Any, str] | None:
     10,000 members, 192 ms in a tar of 5,000, an epoch quadratic in the archive's size
     (QA54). One per thread, not one shared: a tar file system reads through one file
     object, seeking. The last `_ARCHIVES_PER_THREAD` archives a thread read stay open,
-    until the thread ends (an epoch's threads end with it, so a rewritten archive is
-    read afresh by the next epoch)."""
+    until the thread ends (an epoch's threads end with it), or, for a local archive,
+    until it changes (size, modification time or inode: a notebook that rewrites it and
+    lists it again sees the new one). A remote archive rewritten while a thread holds it
+    is read through its old listing, as fsspec's own caches would."""
     import fsspec
     import fsspec.core
 
@@ -341,15 +343,24 @@ def _archive_fs(url: str) -> tuple[Any, str] | None:
     if getattr(cls, "cachable", True):
         return None  # fsspec keeps the instance itself
     archive = "::".join([f"{protocol}://", *links[1:]])
-    opened: dict[str, Any] | None = getattr(_archives, "by_url", None)
+    stamp = None
+    if len(links) == 2 and (path := local_path(links[1])) is not None:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        except OSError:
+            pass  # fsspec says what is wrong with it
+    opened: dict[str, tuple[Any, Stamp | None]] | None = getattr(_archives, "by_url", None)
     if opened is None:
         opened = _archives.by_url = {}
-    fs = opened.pop(archive, None)
-    if fs is None:
+    held = opened.pop(archive, None)
+    if held is not None and held[1] == stamp:
+        fs = held[0]
+    else:
         fs = fsspec.core.url_to_fs(archive)[0]
         while len(opened) >= _ARCHIVES_PER_THREAD:
             opened.pop(next(iter(opened)))
-    opened[archive] = fs  # the most recent last
+    opened[archive] = (fs, stamp)  # the most recent last
     return fs, cls._strip_protocol(links[0])
 
 

@@ -213,6 +213,27 @@ def test_a_tar_of_dot_reads_through_a_chained_url(tree: Path, tmp_path: Path) ->
             assert index.read(i) == (tree / rel).read_bytes()
 
 
+def test_a_local_archive_rewritten_is_read_afresh_in_the_same_thread(
+    tree: Path, tmp_path: Path
+) -> None:
+    # A thread keeps the archives it read open: one rewritten since must not be read
+    # through its old listing (a notebook that rewrites a zip and indexes it again).
+    import zipfile
+
+    path = tmp_path / "d.zip"
+    rels = [rel for rel, _ in TREE_EXPECTED]
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(rels[0], b"old")
+    first = ImageFolder(f"zip://::{path}", allow_empty=True)
+    assert len(first) == 1 and first.read(0) == b"old"
+    with zipfile.ZipFile(path, "w") as archive:
+        for rel in rels:
+            archive.writestr(rel, (tree / rel).read_bytes())
+    again = ImageFolder(f"zip://::{path}")
+    assert again.fingerprint() == ImageFolder(tree).fingerprint()
+    assert [again.read(i) for i in range(len(again))] == [(tree / r).read_bytes() for r in rels]
+
+
 def test_a_folder_with_no_name_is_no_class_and_a_name_no_key_can_hold_no_sample(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], caplog: pytest.LogCaptureFixture
 ) -> None:
