@@ -424,7 +424,10 @@ def test_a_filesystem_error_that_is_no_oserror_is_one_line(
     code = main(["verify", "--data", "lockedfs://bucket/list.csv"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert "lockedfs://bucket/list.csv: NoCredentialsError: Unable to locate" in err
+    assert (
+        "CSV file 'lockedfs://bucket/list.csv' could not be read: NoCredentialsError: Unable "
+        "to locate credentials"
+    ) in err
 
 
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
