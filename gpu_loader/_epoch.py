@@ -263,12 +263,10 @@ class Received:
             self.ledger.complete(position, ok=False)
             self.stage_failures[stage] = self.stage_failures.get(stage, 0) + 1
 
-    def failure_totals(self) -> tuple[int, int, dict[str, int]]:
-        """(samples done: delivered or failed, samples failed, failures per stage) this
-        epoch, those before a resume included."""
+    def failure_counts(self) -> dict[str, int]:
+        """Failed samples per stage this epoch, those before a resume included."""
         with self.lock:
-            counts = {stage: n for stage, n in self.stage_failures.items() if n}
-            return self.ledger.delivered + self.ledger.failed, sum(counts.values()), counts
+            return {stage: n for stage, n in self.stage_failures.items() if n}
 
     def state(self) -> dict[str, Any]:
         with self.lock:
@@ -336,7 +334,9 @@ def _is_count(value: object) -> bool:
 
 
 _READ_STAGES = ("read", "fetch")
-_STAGE_ORDER = {stage: i for i, stage in enumerate((*_READ_STAGES, "decode", "gpu_decode"))}
+_STAGE_ORDER = {
+    stage: i for i, stage in enumerate((*_READ_STAGES, "decode", "augment", "gpu_decode"))
+}
 """Where a stage's failures stand in a message that counts them by stage (others last)."""
 _SHOWN = {"unknown": "before resume"}
 
@@ -389,6 +389,9 @@ class EpochBase:
     older pass must not stand for the current one)."""
     unstarted: weakref.finalize[Any, Any] | None = None
     """Closes the epoch if the loader's iterator is dropped before its first next()."""
+    after_batching: frozenset[str] = frozenset()
+    """Stages that run on batches the batcher formed: it has taken their failures' samples
+    as completed already (`failure_total_error`)."""
 
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         import_codecs()  # here, not in a decode thread at the first PNG (see its docstring)
@@ -971,7 +974,8 @@ class EpochBase:
         limit = self.loader.max_failures
         if limit is None or self.loader.on_error != "skip":
             return None
-        done, failed, per_stage = self.received.failure_totals()
+        per_stage = self.received.failure_counts()
+        failed = sum(per_stage.values())
         if not failed:
             return None
         if isinstance(limit, int):
@@ -979,6 +983,13 @@ class EpochBase:
                 return None
             detail = f"{failed} samples failed"
         else:
+            # Samples the pipeline has finished with, not those delivered: the loader
+            # runs a window of samples ahead of the training loop, and a failure counts at
+            # once (QA56: 25% of bad files stopped an epoch against 0.3, as 66 of 114). A
+            # stage after batching fails samples the batcher already took as completed.
+            late = sum(n for stage, n in per_stage.items() if stage in self.after_batching)
+            done = self.batcher.completed_ok() + failed - late
+            final = final or done >= self.batcher.plan.num_kept
             if not rate_passed(failed, done, limit, final=final):
                 return None
             detail = f"{failed} of {done} samples failed"
@@ -1235,8 +1246,9 @@ class CpuEpoch(EpochBase):
         me = self.hold(task.key, "decode")
         try:
             self.decode_one(task)
-        except BaseException:
-            self.note_failure(task.position, "decode")
+        except BaseException as exc:
+            # As `as_failed` lists it (QA56: the limit's message counted augment's as decode).
+            self.note_failure(task.position, "augment" if raised_by_augment(exc) else "decode")
             raise
         finally:
             self.in_hand.pop(me, None)
@@ -1346,7 +1358,7 @@ class CpuEpoch(EpochBase):
         samples it has finished), then the resume record and the batcher are told, in
         `note_failure`'s order."""
         add_note(exc, f"stage: {stage}, sample: {task.key}")
-        self.remember_failure(task.position, stage)
+        self.remember_failure(task.position, "augment" if raised_by_augment(exc) else stage)
         record = FailureRecord(stage=stage, key=task.key, error=exc)
         error = self.run_policies[stage].record(record, calls=calls)
         if error is None:

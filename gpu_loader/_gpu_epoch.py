@@ -49,6 +49,8 @@ class GpuEngineStats:
 class GpuEpoch(EpochBase):
     """The GPU path of `ImageLoader` (see the module docstring)."""
 
+    after_batching = frozenset({"gpu_decode"})
+
     def __init__(self, loader: ImageLoader, resume: Mapping[str, Any] | None) -> None:
         super().__init__(loader, resume)
         opts = loader.options

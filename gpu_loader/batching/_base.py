@@ -66,6 +66,12 @@ class BatcherBase(Generic[T]):
             self._ledger.complete(position, ok=False)
             self._on_completed(position, ok=False)
 
+    def completed_ok(self) -> int:
+        """Positions completed without failing: ready, or in a batch emitted (a resumed
+        epoch's delivered ones included)."""
+        with self._lock:
+            return self._ledger.completed - self._ledger.failed
+
     # -- draining ------------------------------------------------------------------------
     def pop(
         self,

@@ -342,9 +342,9 @@ def test_failures_before_the_checkpoint_are_reported_after_resume(
         # The epoch's count, every stage together (4 bad decodes and a missing file): it
         # may stop before the last of them is met.
         (3, r"passed max_failures=3 \((4|5) samples failed: (read 1, )?decode [34]\)"),
-        # The decode stage's own rate (4 of 34), judged at its end; the epoch's (5 of 35)
-        # would be judged at the epoch's, a batch or more later.
-        (0.1, re.escape("above 0.1 (4 of 34 items failed)")),
+        # The epoch's rate, 5 of 35, judged once every sample is done with (the decode
+        # stage's own, 4 of 34, also passes then: it is said as the epoch's).
+        (0.1, re.escape("passed max_failures=0.1 (5 of 35 samples failed: read 1, decode 4)")),
     ],
 )
 def test_max_failures_counts_the_failures_before_the_checkpoint(
