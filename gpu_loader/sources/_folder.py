@@ -222,7 +222,7 @@ def _scan_fsspec(
     """Classes and files as `_scan_local`'s, and what the keys take between ``root`` and
     the relative paths: "./" in an archive whose every member is "./<class>/...", else
     "" (the relative paths, and so the fingerprint, are the same either way)."""
-    fs, inner = _io.fsspec_fs(root)
+    fs, inner = _io.fsspec_fs(root, fresh=True)
     inner = inner.rstrip("/")
     if not fs.isdir(inner):
         raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")

@@ -282,10 +282,12 @@ def url_parent(url: str) -> str:
     return "::".join(links)
 
 
-def fsspec_fs(url: str) -> tuple[Any, str]:
+def fsspec_fs(url: str, *, fresh: bool = False) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path for ``url`` (instances are cached by
     fsspec), with the path's ``.`` and ``..`` segments resolved, as the OS resolves a
     local path's (a CSV's ``../imgs/a.jpg`` next to ``memory://lists/train.csv``).
+    ``fresh``: an archive's file system is opened again, not this thread's (`_archive_fs`),
+    for a listing, which must see the archive as it is now.
 
     A ``::`` that does not chain a protocol is part of a name ("x::y.jpg", which a
     listing returns): fsspec's `url_to_fs` would split the URL there."""
@@ -299,7 +301,7 @@ def fsspec_fs(url: str) -> tuple[Any, str]:
         # is (memory:// then drops its leading "/").
         inner = cls._strip_protocol(url.replace("::", "\x00")).replace("\x00", "::")
         fs = cls(**cls._get_kwargs_from_urls(url))
-    elif (archive := _archive_fs(url)) is not None:
+    elif (archive := _archive_fs(url, fresh=fresh)) is not None:
         fs, inner = archive
         # An archive's names are its members' as written: "./a/x.jpg" from `tar -C d .`
         # is no "a/x.jpg" there (QA54). Looked up in its listing, which it holds in memory.
@@ -314,7 +316,7 @@ _ARCHIVES_PER_THREAD = 8
 _archives = threading.local()
 
 
-def _archive_fs(url: str) -> tuple[Any, str] | None:
+def _archive_fs(url: str, *, fresh: bool = False) -> tuple[Any, str] | None:
     """For a member of an archive (``zip://c/a.jpg::s3://b/z.zip``), this thread's file
     system over that archive and the member's path; None for any other URL.
 
@@ -325,8 +327,10 @@ def _archive_fs(url: str) -> tuple[Any, str] | None:
     object, seeking. The last `_ARCHIVES_PER_THREAD` archives a thread read stay open,
     until the thread ends (an epoch's threads end with it), or, for a local archive,
     until it changes (size, modification time or inode: a notebook that rewrites it and
-    lists it again sees the new one). A remote archive rewritten while a thread holds it
-    is read through its old listing, as fsspec's own caches would."""
+    lists it again sees the new one). A listing asks for a ``fresh`` one, which then
+    replaces the thread's: a remote archive rewritten and indexed again is seen anew (QA56:
+    the main thread, which never ends, kept listing the old one), but one rewritten while
+    an index of it is in use is read through the listing that index was made from."""
     import fsspec
     import fsspec.core
 
@@ -354,7 +358,7 @@ def _archive_fs(url: str) -> tuple[Any, str] | None:
     if opened is None:
         opened = _archives.by_url = {}
     held = opened.pop(archive, None)
-    if held is not None and held[1] == stamp:
+    if held is not None and held[1] == stamp and not fresh:
         fs = held[0]
     else:
         fs = fsspec.core.url_to_fs(archive)[0]
@@ -415,7 +419,7 @@ def read_list_file(location: str) -> bytes:
     images, not for a list of ten million URLs. Regular local files only, as for samples."""
     path = local_path(location)
     if path is None:
-        fs, inner = fsspec_fs(location)
+        fs, inner = fsspec_fs(location, fresh=True)
         return fs.cat_file(inner)  # type: ignore[no-any-return]
     with open_regular(location, path, what="file list") as f:
         return f.readall()

@@ -455,7 +455,7 @@ def _open_shard(shard: str) -> IO[bytes]:
         # A shard inside an archive (zip://in.tar::outer.zip) is read through the outer
         # archive's file system, which closes its file when collected: `fsspec_fs` keeps
         # it for this thread (QA54: "seek of closed file" when it was dropped here).
-        fs, inner = _io.fsspec_fs(shard)
+        fs, inner = _io.fsspec_fs(shard, fresh=True)
         return fs.open(inner, "rb")  # type: ignore[no-any-return]
     except FileNotFoundError:
         raise FileNotFoundError(f"tar shard {shard!r} not found") from None

@@ -234,6 +234,33 @@ def test_a_local_archive_rewritten_is_read_afresh_in_the_same_thread(
     assert [again.read(i) for i in range(len(again))] == [(tree / r).read_bytes() for r in rels]
 
 
+def test_a_remote_archive_rewritten_is_listed_afresh_in_the_same_thread(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    # The thread's kept file system has no stamp for a remote archive: an index made
+    # again listed the old archive for as long as the (main) thread lived (QA56).
+    import io
+    import zipfile
+
+    fs, base = memfs
+    rels = [rel for rel, _ in TREE_EXPECTED]
+
+    def put(names: list[str]) -> None:
+        packed = io.BytesIO()
+        with zipfile.ZipFile(packed, "w") as archive:
+            for rel in names:
+                archive.writestr(rel, (tree / rel).read_bytes())
+        fs.pipe_file(f"{base}/d.zip", packed.getvalue())
+
+    put([r for r in rels if not r.startswith("dog/")])
+    root = f"zip://::memory://{base}/d.zip"
+    assert ImageFolder(root).classes == ["Cat", "bird"]
+    put(rels)
+    again = ImageFolder(root)
+    assert again.fingerprint() == ImageFolder(tree).fingerprint()
+    assert [again.read(i) for i in range(len(again))] == [(tree / r).read_bytes() for r in rels]
+
+
 def test_a_folder_with_no_name_is_no_class_and_a_name_no_key_can_hold_no_sample(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], caplog: pytest.LogCaptureFixture
 ) -> None:
