@@ -40,16 +40,20 @@ def _gpu_line(stats: LoaderStats) -> str:
         if not gpu.available:
             return f"GPU          : no GPU ({gpu.reason or 'NVML unavailable'})"
         return "GPU          : no readings yet"
+    stopped = f"sampling stopped ({gpu.reason or 'NVML errors'})"
     if stats.gpu_util_percent is None or stats.gpu_idle_percent is None:
-        # A GPU whose utilisation NVML does not report (MIG, vGPU): its memory still is.
-        head = "GPU          : util n/a (NVML reports no SM activity for these devices)"
+        if gpu.available:
+            # A GPU whose utilisation NVML does not report (MIG, vGPU): its memory still is.
+            head = "GPU          : util n/a (NVML reports no SM activity for these devices)"
+        else:  # gave up after read errors, and its readings are older than the window
+            head = f"GPU          : util n/a ({stopped})"
     else:
         head = (
             f"GPU          : util {stats.gpu_util_percent:.1f}%, idle "
             f"{stats.gpu_idle_percent:.1f}% (SM activity, mean over the last {gpu.window_s:g} s)"
         )
-    if not gpu.available:  # gave up after read errors: what it shows is from before
-        head += f"; sampling stopped ({gpu.reason or 'NVML errors'}), figures from before"
+        if not gpu.available:  # gave up after read errors: what it shows is from before
+            head += f"; {stopped}, figures from before"
     parts = [head]
     for d in gpu.devices:
         memory = ""

@@ -110,21 +110,30 @@ def _input_capacity(stage: Stage) -> int:
 
 class _Outputs(Iterator[Any]):
     """What `Pipeline.iterate` returns: its generator, with a `close()` that also closes
-    the pipeline before the first next(), where a generator's own close does nothing."""
+    the pipeline before the first next(), where a generator's own close does nothing.
+    `send` and `throw` are the generator's, as they were when it was returned bare. The
+    pipeline is held weakly: the generator's frame holds it while it may run."""
 
     __slots__ = ("__weakref__", "_gen", "_pipeline")
 
     def __init__(self, gen: Generator[Any, None, None], pipeline: Pipeline) -> None:
         self._gen = gen
-        self._pipeline = pipeline
+        self._pipeline = weakref.ref(pipeline)
 
     def __next__(self) -> Any:
         return next(self._gen)
 
+    def send(self, value: None) -> Any:
+        return self._gen.send(value)
+
+    def throw(self, exc: BaseException) -> Any:
+        return self._gen.throw(exc)
+
     def close(self) -> None:
         """Stop iterating and close the pipeline, as leaving a ``for`` loop does."""
         self._gen.close()
-        self._pipeline._close_unstarted()
+        if (pipeline := self._pipeline()) is not None:
+            pipeline._close_unstarted()
 
 
 class Pipeline:

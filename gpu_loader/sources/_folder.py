@@ -241,7 +241,8 @@ def _scan_fsspec(
     if odd := [n for n in names if n in ("", ".", "..")]:
         _log.warning(
             "ImageFolder: %s lists %d folder(s) named %s, which cannot be classes; passed over "
-            "(an archive member with an absolute name, or an object key holding '//')",
+            "('' comes from an archive member with an absolute name or an object key "
+            "holding '//', '.' from members named './...' beside others)",
             root,
             len(odd),
             " and ".join(sorted({repr(n) for n in odd})),

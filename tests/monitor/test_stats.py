@@ -193,6 +193,10 @@ def test_summary_and_postfix_tell_a_gpu_without_utilisation_from_none() -> None:
     gave_up = replace(gpu_snapshot(), available=False, reason="every NVML read failed")
     text = format_summary(make_stats(gpu=gave_up))
     assert "util 80.0%" in text and "sampling stopped (every NVML read failed)" in text
+    # Gave up, its readings older than the window: not the MIG explanation (QA56).
+    lost = replace(mig, available=False, reason="GPU lost")
+    text = format_summary(make_stats(gpu=lost, gpu_util_percent=None, gpu_idle_percent=None))
+    assert "util n/a (sampling stopped (GPU lost))" in text and "no SM activity" not in text
 
 
 def test_progress_postfix() -> None:

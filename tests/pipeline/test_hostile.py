@@ -238,3 +238,13 @@ def test_closing_an_iterator_mid_stream_closes_the_pipeline() -> None:
     outputs.close()  # type: ignore[attr-defined]
     assert pipeline.threads == []
     assert not pipeline.completed
+
+
+def test_the_iterator_keeps_the_generator_protocol() -> None:
+    # iterate() returned a bare generator: its send and throw stay.
+    pipeline = PipelineBuilder().add_source(range(100)).pipe(lambda x: x).add_sink().build()
+    outputs = iter(pipeline)
+    assert outputs.send(None) == 0  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="stop here"):
+        outputs.throw(ValueError("stop here"))  # type: ignore[attr-defined]
+    assert pipeline.threads == []  # the generator's own finally closed it
