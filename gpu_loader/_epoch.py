@@ -211,6 +211,8 @@ class Received:
         self.ledger = Ledger(batcher.plan)
         self.batches = self.ledger.load_state(resume, self.mode) if resume is not None else 0
         self.stage_failures = stage_failures_of(resume, self.ledger.failed)
+        self.restored_failures = dict(self.stage_failures)
+        """`stage_failures` as the resume state had them (empty in a fresh epoch)."""
         """Failed samples per stage (they count against ``max_failures`` per stage, also
         after a resume)."""
         self.padding = padding_of(resume, len(self.ledger.status))
@@ -267,6 +269,10 @@ class Received:
         """Failed samples per stage this epoch, those before a resume included."""
         with self.lock:
             return {stage: n for stage, n in self.stage_failures.items() if n}
+
+    def failed_positions(self) -> list[int]:
+        with self.lock:
+            return self.ledger.failed_positions()
 
     def state(self) -> dict[str, Any]:
         with self.lock:
@@ -741,7 +747,8 @@ class EpochBase:
                                     ) from None
                                 # A stage's own limit: said as the epoch's, with every
                                 # stage's count (a stage is past it only if they are).
-                                if (total := self.failure_total_error(final=False)) is not None:
+                                total = self.failure_total_error(final=False, passed=True)
+                                if total is not None:
                                     exc = total
                                 add_note(exc, self.failure_advice(exc.exceptions))
                                 raise exc from None
@@ -968,9 +975,13 @@ class EpochBase:
         if (error := self.failure_total_error(final=final)) is not None:
             raise error
 
-    def failure_total_error(self, *, final: bool) -> PipelineFailure | None:
+    def failure_total_error(self, *, final: bool, passed: bool = False) -> PipelineFailure | None:
         """The `PipelineFailure` for the epoch's failures past ``max_failures`` (a count at
-        once, a rate as the engine judges one, `rate_passed`), None while within it."""
+        once, a rate as the engine judges one, `rate_passed`), None while within it.
+        ``passed``: a stage's own limit is passed, and so is the epoch's (its count is at
+        least the stage's, its rate too, over the same samples): the error is made
+        whatever the judgement here, which may not be final yet (QA57: the stage's own
+        message, counting only its own, reached the user)."""
         limit = self.loader.max_failures
         if limit is None or self.loader.on_error != "skip":
             return None
@@ -979,7 +990,7 @@ class EpochBase:
         if not failed:
             return None
         if isinstance(limit, int):
-            if failed <= limit:
+            if failed <= limit and not passed:
                 return None
             detail = f"{failed} samples failed"
         else:
@@ -987,10 +998,15 @@ class EpochBase:
             # runs a window of samples ahead of the training loop, and a failure counts at
             # once (QA56: 25% of bad files stopped an epoch against 0.3, as 66 of 114). A
             # stage after batching fails samples the batcher already took as completed.
-            late = sum(n for stage, n in per_stage.items() if stage in self.after_batching)
+            # This pass's only: a resumed epoch's batcher has the restored ones as failed
+            # (QA57: its denominator lost every gpu_decode failure before the checkpoint).
+            before = self.received.restored_failures
+            late = sum(
+                n - before.get(s, 0) for s, n in per_stage.items() if s in self.after_batching
+            )
             done = self.batcher.completed_ok() + failed - late
             final = final or done >= self.batcher.plan.num_kept
-            if not rate_passed(failed, done, limit, final=final):
+            if not passed and not rate_passed(failed, done, limit, final=final):
                 return None
             detail = f"{failed} of {done} samples failed"
         ordered = sorted(per_stage.items(), key=lambda kv: _STAGE_ORDER.get(kv[0], 99))
@@ -1006,8 +1022,22 @@ class EpochBase:
         )
 
     def failure_causes(self) -> list[Exception]:
-        """The errors of this pass's first failed samples (at most `MAX_CAUSES`), for a
-        `PipelineFailure` of the whole epoch's."""
+        """The errors of this pass's failed samples in epoch order (at most `MAX_CAUSES`),
+        for a `PipelineFailure` of the whole epoch's, whose note names the first: the
+        stages' records come stage by stage (QA57: a missing file at position 300 was
+        named before the corrupt one at 0)."""
+        errors = self.failure_errors()
+        key_of, indices = self.loader.source.key, self.indices
+        where = {key_of(int(indices[p])): p for p in self.received.failed_positions()}
+
+        def position(exc: Exception) -> int:
+            named = noted_failure(exc, self.epoch)
+            return where.get(named.key, len(indices)) if named is not None else len(indices)
+
+        return sorted(errors, key=position)[:MAX_CAUSES]
+
+    def failure_errors(self) -> list[Exception]:
+        """The errors of this pass's failed samples (`failure_causes`)."""
         raise NotImplementedError
 
     def stop_feeding(self) -> None:
@@ -1594,9 +1624,8 @@ class CpuEpoch(EpochBase):
             records += policy.records()
         return records
 
-    def failure_causes(self) -> list[Exception]:
-        errors = (r.error for r in self.failure_records())
-        return [e for e in errors if isinstance(e, Exception)][:MAX_CAUSES]
+    def failure_errors(self) -> list[Exception]:
+        return [r.error for r in self.failure_records() if isinstance(r.error, Exception)]
 
     def engine_stats(self) -> Any:
         stats = self.pipeline.stats()

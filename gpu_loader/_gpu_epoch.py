@@ -223,12 +223,12 @@ class GpuEpoch(EpochBase):
             )
 
     # -- failures and shutdown ---------------------------------------------------------
-    def failure_causes(self) -> list[Exception]:
+    def failure_errors(self) -> list[Exception]:
         fetched = [r.error for r in self.fetch_pipeline.failures()]
         with self.gpu_failures_lock:
             gpu = list(self.gpu_causes)
         errors = [e for e in fetched if isinstance(e, Exception)] + gpu
-        return [e for e in errors if not isinstance(e, InterruptedError)][:MAX_CAUSES]
+        return [e for e in errors if not isinstance(e, InterruptedError)]
 
     def stage_failures(self) -> list[FailedSample]:
         with self.gpu_failures_lock:

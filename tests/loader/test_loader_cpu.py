@@ -1842,3 +1842,28 @@ def test_an_augment_failure_counts_as_augment_against_max_failures(photo_dir: Pa
         with pytest.raises(PipelineFailure, match=r"samples failed: augment \d+\)"):
             run_epoch(loader)
         assert {f.stage for f in loader.failed_samples()} == {"augment"}
+
+
+@pytest.mark.parametrize("per_task", [1, 4])
+def test_the_limit_names_the_first_bad_file_in_epoch_order(
+    photo_dir: Path, tmp_path: Path, per_task: int
+) -> None:
+    # The causes came stage by stage, reads first: a missing file at position 30 was
+    # named before the corrupt one at position 0 (QA57).
+    good = str(image_files(photo_dir)[0])
+    items = []
+    for i in range(40):
+        path = good
+        if i in (0, 35):
+            (tmp_path / f"bad{i}.jpg").write_bytes(b"not an image")
+            path = str(tmp_path / f"bad{i}.jpg")
+        elif i == 30:
+            path = str(tmp_path / "gone.jpg")
+        items.append((path, i))
+    options = gl.LoaderOptions(samples_per_task=per_task)
+    loader = make(FileList(items), max_failures=2, shuffle=False, options=options)
+    with pytest.raises(PipelineFailure) as info:
+        run_epoch(loader)
+    first = str(tmp_path / "bad0.jpg")
+    assert f"First: {first} (decode: " in " ".join(getattr(info.value, "__notes__", []))
+    assert f"sample: {first}" in " ".join(getattr(info.value.exceptions[0], "__notes__", []))
