@@ -265,8 +265,9 @@ class ImageLoader:
     decode is left out and listed in `failed_samples()` with its key. The epoch stops with
     `gpu_loader.pipeline.PipelineFailure` (an ExceptionGroup of the first errors, each
     naming its sample) once the epoch's failed samples pass ``max_failures``: an int
-    count, a rate in (0, 1] over the epoch's samples at the end (earlier only once it has
-    seen 100 and the rate is above the limit beyond doubt: 99.9% confidence), or None (or
+    count, a rate in (0, 1] over the samples the loader has finished with, judged once all
+    the epoch's are (earlier only once it has seen 100 and the rate is above the limit
+    beyond doubt: 99.9% confidence), or None (or
     1.0) for no limit. It counts the failures of every stage together (read, decode,
     augment; on the GPU path fetch and GPU decode), so both paths stop at the same
     count; each stage also applies it to its own. ``on_error="raise"`` stops at
