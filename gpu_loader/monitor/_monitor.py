@@ -116,6 +116,8 @@ class Monitor:
         self._nvml = nvml
         self._proc = proc
         self._suspended = False
+        self._batches_at_start = 0
+        """Batches before the latest `start` after a `suspend` (a loader's epoch)."""
         self._frozen: tuple[ProcessSnapshot, GpuSnapshot | None] | None = None
         """The samplers' snapshots as `suspend` found them, which `stats` gives until the
         next `start`."""
@@ -142,6 +144,7 @@ class Monitor:
         if self._suspended:
             self._clock.resume()
             self._renew_samplers()
+            self._batches_at_start = self.rate.snapshot().batches
         self.process.start()
         if self.gpu is not None and not self._gpu_retired:
             self.gpu.start()
@@ -259,9 +262,12 @@ class Monitor:
         stage_list = tuple(stages if stages is not None else getattr(engine, "stages", ()) or ())
         if failures is None:
             failures = sum(int(getattr(s, "failures", 0) or 0) for s in stage_list)
+        # No batch yet since the samplers started again: the stage stats are the new
+        # epoch's, of no work yet (QA56: its first log line named the source stage).
+        batches = rate.batches if rate.batches > self._batches_at_start else 0
         bottleneck, reason = diagnose(
             stall.stall_fraction_recent,  # now, as the stage stats (this epoch's) are
-            rate.batches,
+            batches,
             stage_list,
             getattr(engine, "bottleneck", None),
             getattr(engine, "bottleneck_reason", None),

@@ -122,6 +122,23 @@ def test_suspend_joins_samplers_and_start_samples_again() -> None:
     monitor.close()
 
 
+def test_a_new_epoch_has_no_verdict_before_its_first_batch() -> None:
+    # The stage stats are the new epoch's, of no work yet: its first log line named the
+    # source stage the bottleneck (QA56).
+    monitor = Monitor(MonitorConfig(gpu="off", interval_s=0.01))
+    monitor.start()
+    for _ in range(3):
+        monitor.record_batch(4)
+    assert monitor.stats().bottleneck == "training step"
+    monitor.suspend()
+    monitor.start()
+    stats = monitor.stats()
+    assert stats.bottleneck is None and stats.bottleneck_reason == "no batch delivered yet"
+    monitor.record_batch(4)
+    assert monitor.stats().bottleneck == "training step"
+    monitor.close()
+
+
 def test_a_pause_longer_than_the_window_keeps_the_figures_of_the_epoch_before() -> None:
     # The samplers' windows run on the wall clock: after a pause between epochs longer
     # than `window_s` (validation, a checkpoint) the GPU figures were gone (QA55).
