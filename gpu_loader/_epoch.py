@@ -211,10 +211,10 @@ class Received:
         self.ledger = Ledger(batcher.plan)
         self.batches = self.ledger.load_state(resume, self.mode) if resume is not None else 0
         self.stage_failures = stage_failures_of(resume, self.ledger.failed)
+        """Failed samples per stage (they count against ``max_failures``, each stage's own
+        and the epoch's, also after a resume)."""
         self.restored_failures = dict(self.stage_failures)
         """`stage_failures` as the resume state had them (empty in a fresh epoch)."""
-        """Failed samples per stage (they count against ``max_failures`` per stage, also
-        after a resume)."""
         self.padding = padding_of(resume, len(self.ledger.status))
         """Where `EpochBase.padding_batch`'s round of repeats stands, as handed over: the
         next place in the delivered samples, and the positions that failed to repeat. In
