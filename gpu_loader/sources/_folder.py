@@ -260,14 +260,14 @@ def _scan_fsspec(
         found = fs.find(folder.rstrip("/"), detail=True)
         chosen = []
         for path, info in found.items():
-            if not path.startswith(folder) or (colons and "::" in path):
-                # A zip member "/Cat/x.jpg", found under Cat, whose key (root + relative
-                # path) would name "Cat/x.jpg", which the archive does not hold.
-                unreadable.append(path)
-                continue
             base = posixpath.basename(path)
             if info.get("type") == "file" and base.lower().endswith(exts):
                 if apple_double(base):
+                    continue
+                if not path.startswith(folder) or (colons and "::" in path):
+                    # A zip member "/Cat/x.jpg", found under Cat, whose key (root +
+                    # relative path) would name "Cat/x.jpg", which the archive lacks.
+                    unreadable.append(path)
                     continue
                 size = info.get("size")
                 chosen.append((path, -1 if size is None else int(size)))
