@@ -2,7 +2,9 @@
 
 Errors a user can cause (missing path, empty folder, bad option) print one line naming
 the option and exit with status 2; a run that fails on its data (too many bad files)
-prints one line and exits with status 1. Neither shows a traceback.
+prints one line and exits with status 1. Neither shows a traceback. A reader of stdout
+that goes away (`| head`) ends the command quietly with status 141, after any file it was
+asked to write (`verify --good-list/--json`) is written.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_PIPE = 141
+"""stdout's reader went away (`| head`): 128 + SIGPIPE, as a shell reports a command that
+signal ended."""
 
 
 class CliError(Exception):
@@ -296,13 +301,20 @@ def _check_backend() -> None:
 
 
 def _check_output_paths(*paths: Path | None) -> None:
-    """Each file a command will write (None: not asked for) can be: not a folder, and
-    in a folder that exists."""
+    """Each file a command will write (None: not asked for) can be: not a folder, in a
+    folder that exists, and not one another of them names (QA58: the CSV was replaced by
+    the JSON without a word)."""
+    seen: dict[str, Path] = {}
     for path in paths:
         if path is not None and path.is_dir():
             raise CliError(f"{path}: is a folder; give a file path")
         if path is not None and not path.parent.is_dir():
             raise CliError(f"{path}: folder {path.parent} does not exist")
+        if path is not None:
+            same = os.path.realpath(path)
+            if same in seen and not _is_stdout(path):
+                raise CliError(f"{seen[same]} and {path} name one file; give each its own")
+            seen[same] = path
 
 
 def cached_dataset(name: str, what: str, **params: Any) -> Path:
@@ -378,7 +390,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(_in_demo_flags(str(exc))) from None
     print(report.text)
     if args.json is not None:
-        args.json.write_text(report.json)
+        _write_whole(args.json, report.json)
         print(f"stats written to {args.json}")
     return 0
 
@@ -483,10 +495,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if terminal:
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     took = time.perf_counter() - began
-    files = "file" if total == 1 else "files"
-    print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
-    for b in bad:
-        print(f"  {shown_key(b.key)}: {b.stage}: {b.error}")
+    # The files first, the report after: a reader that stops reading stdout (`| head`)
+    # must not cost the lists asked for (QA58: a broken pipe, and neither was written).
     unlisted = []
     if args.good_list is not None:
         rows = io.StringIO(newline="")
@@ -500,7 +510,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             else:  # a CSV list is UTF-8 (QA: a traceback, and a list cut at this row)
                 unlisted.append(path)
         _write_whole(args.good_list, rows.getvalue())
-        print(f"good samples written to {args.good_list} (gpu-loader demo --data takes it)")
+    if args.json is not None:
+        _write_whole(args.json, json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
+    files = "file" if total == 1 else "files"
+    print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
+    for b in bad:
+        print(f"  {shown_key(b.key)}: {b.stage}: {b.error}")
+    if args.good_list is not None:
+        usable = "(gpu-loader demo --data takes it)" if good else "(no good sample: header only)"
+        print(f"good samples written to {args.good_list} {usable}")
     if unlisted:
         print(
             f"{len(unlisted):,} good {'file is' if len(unlisted) == 1 else 'files are'} not in "
@@ -510,9 +528,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for path in unlisted:
             print(f"  {path!r}")
     if args.json is not None:
-        _write_whole(args.json, json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
         print(f"bad files written to {args.json}")
     return 1 if bad or unlisted else 0
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` opens the file this process's stdout writes to (``/dev/stdout``,
+    ``/proc/self/fd/1``, or the file stdout is redirected to)."""
+    try:
+        st, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such file; stdout closed or replaced
+        return False
+    return (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino)
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -526,6 +553,13 @@ def _write_whole(path: Path, text: str) -> None:
     import stat
     import tempfile
 
+    if _is_stdout(path):
+        # Opened again, a redirected stdout's file is truncated (the report printed so
+        # far is lost) and written at a position of its own, over what stdout writes
+        # next (QA58: invalid JSON, a CSV row cut by the report): through stdout instead.
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
     try:
         st = os.lstat(path)  # the path itself, not what a link names
     except FileNotFoundError:
@@ -602,6 +636,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpu-loader {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`| head`): nothing left to say to it. stdout goes
+        # to /dev/null so that the interpreter's own flush at exit does not fail again.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ _GENERATOR_VERSION = 2  # bump whenever the bytes for a given seed change
 
 
 MAX_SIDE = 8192
-"""Largest side `make_image_folder` draws (before ``heavy_scale``): a generated photo is
-built in float32 in memory, 0.8 GB at 8192 x 8192."""
+"""Largest side `make_image_folder` draws, heavy images included (``max_side`` times
+``heavy_scale``'s upper end): a generated photo is built in float32 in memory, 0.8 GB at
+8192 x 8192."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ class DatasetSpec:
         if not 1.0 <= lo <= hi:
             raise ValueError(
                 f"`heavy_scale` must be (lo, hi) with 1 <= lo <= hi, got {self.heavy_scale}"
+            )
+        if self.heavy_fraction > 0 and self.max_side * hi > MAX_SIDE:
+            # The cap holds for heavy images too (QA58: 8192 x 4 asked for a 13 GB image).
+            raise ValueError(
+                f"heavy images would be up to {round(self.max_side * hi)} px a side "
+                f"(max_side {self.max_side} x heavy_scale {hi:g}), over {MAX_SIDE}: a "
+                "generated photo is built in float32 in memory; lower max_side"
             )
 
 
@@ -137,16 +145,34 @@ def make_image_folder(
 
 
 _GENERATED = re.compile(r"class_\d+/img_\d{6,}\.(jpg|png)|" + re.escape(MANIFEST) + r"(\.tmp)?")
+_CLASS_FOLDER = re.compile(r"class_\d+")
+
+
+def _written_here(manifest: Path) -> bool:
+    """Whether ``manifest`` is one this generator wrote (any version of it)."""
+    try:
+        loaded = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(loaded, dict) and {"generator", "params", "counts"} <= loaded.keys()
 
 
 def _generated_files(root: Path) -> list[Path]:
     """The files under ``root``, all written by this generator; refuses a folder holding
-    any other file (never deleted)."""
+    any other file (never deleted), any folder but a class folder (an empty tree of the
+    user's was deleted, QA58), or a manifest this generator did not write (QA58: a
+    user's own manifest.json was overwritten)."""
     files = [p for p in root.rglob("*") if p.is_symlink() or not p.is_dir()]
     foreign = [p for p in files if not _GENERATED.fullmatch(p.relative_to(root).as_posix())]
+    folders = [p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()]
+    foreign += [p for p in folders if p.parent != root or not _CLASS_FOLDER.fullmatch(p.name)]
+    manifest = root / MANIFEST
+    if manifest.is_file() and not _written_here(manifest):
+        foreign.append(manifest)
     if foreign:
         raise ValueError(
-            f"{root} holds files a generated dataset does not (e.g. {foreign[0]}); "
+            f"{root} holds files or folders a generated dataset does not (e.g. "
+            f"{foreign[0]}); "
             "choose a new or empty folder"
         )
     return files

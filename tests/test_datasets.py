@@ -138,6 +138,8 @@ def test_progress_off_a_terminal_is_a_line_per_quarter_and_says_what_it_replaces
         ({"min_side": 300, "max_side": 200}, "min_side"),
         ({"png_fraction": 1.5}, "png_fraction"),
         ({"heavy_scale": (0.5, 2)}, "heavy_scale"),
+        # The side cap holds for heavy images too (QA58: 8192 x 4 asked for 13 GB).
+        ({"max_side": 4096, "heavy_fraction": 0.1}, "up to 16384 px a side"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, kwargs: dict[str, object], match: str) -> None:
@@ -154,6 +156,20 @@ def test_a_folder_with_foreign_files_is_refused_untouched(tmp_path: Path) -> Non
     assert (root / "manifest.json").exists()
     again = make_image_folder(root, num_images=4, num_classes=2, min_side=32, max_side=48)
     assert again == root and len(list(root.rglob("img_*"))) == 4
+
+
+def test_a_tree_of_empty_folders_or_a_manifest_of_the_users_is_refused(tmp_path: Path) -> None:
+    # QA58: an empty folder tree of the user's was deleted, and a manifest.json this
+    # generator did not write was overwritten.
+    (tmp_path / "a" / "keepme" / "sub").mkdir(parents=True)
+    with pytest.raises(ValueError, match="keepme"):
+        make_image_folder(tmp_path / "a", num_images=2, min_side=32, max_side=40)
+    assert (tmp_path / "a" / "keepme" / "sub").is_dir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text('{"mine": true}')
+    with pytest.raises(ValueError, match=r"manifest\.json"):
+        make_image_folder(tmp_path / "b", num_images=2, min_side=32, max_side=40)
+    assert (tmp_path / "b" / "manifest.json").read_text() == '{"mine": true}'
 
 
 def test_progress_on_a_terminal_is_a_bar(

@@ -580,3 +580,57 @@ def test_bench_only_names_every_benchmark_in_its_help() -> None:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     only = next(a for a in sub.choices["bench"]._actions if "--only" in a.option_strings)
     assert only.help is not None and all(name in only.help for name in BENCHMARKS)
+
+
+def _many_bad(tmp_path: Path, tiny: Path, bad: int) -> Path:
+    """A copy of ``tiny``'s first class with ``bad`` undecodable files beside it."""
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(tiny / "class_00", root / "c")
+    for i in range(bad):
+        (root / "c" / f"bad_{i:04d}.jpg").write_bytes(b"not an image")
+    return root
+
+
+def test_verify_into_a_pipe_that_closes_writes_its_files_and_no_traceback(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # QA58: `verify ... | head -3` died with a BrokenPipeError traceback while it printed
+    # the bad files, before it wrote --good-list and --json.
+    root = _many_bad(tmp_path, tiny, 300)
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpu_loader.cli"]
+    lists = ["--good-list", str(tmp_path / "g.csv"), "--json", str(tmp_path / "b.json")]
+    tail = "| head -2; echo rc=${PIPESTATUS[0]} >&2"
+    shell = " ".join([*command, "verify", "--data", str(root), *lists, tail])
+    result = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert "Traceback" not in result.stderr and "rc=141" in result.stderr, result.stderr
+    assert len(json.loads((tmp_path / "b.json").read_text())) == 300
+    assert (tmp_path / "g.csv").read_text().startswith("path,label\n")
+
+
+def test_verify_json_to_dev_stdout_keeps_the_report_and_the_json_whole(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # QA58: opened again, the redirected stdout's file was truncated (the report lost)
+    # and written at its own position, over the report's next lines: invalid JSON.
+    root = _many_bad(tmp_path, tiny, 5)
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpu_loader.cli"]
+    out = tmp_path / "out.txt"
+    shell = " ".join([*command, "verify", "--data", str(root), "--json", "/dev/stdout"])
+    subprocess.run(["bash", "-c", f"{shell} > {out}"], timeout=240, check=False)
+    lines = out.read_text().splitlines()
+    end = lines.index("]")  # the files are written before the report is printed
+    assert len(json.loads("\n".join(lines[: end + 1]))) == 5
+    assert lines[end + 1].startswith("checked ") and len(lines) == end + 1 + 1 + 5 + 1
+    assert lines[-1] == "bad files written to /dev/stdout"
+
+
+def test_verify_refuses_one_file_for_both_lists(tiny: Path, tmp_path: Path) -> None:
+    # QA58: the CSV was written, then replaced by the JSON, without a word.
+    same = str(tmp_path / "same.out")
+    result = run("verify", "--data", str(tiny), "--good-list", same, "--json", same, cache=tmp_path)
+    assert result.returncode == 2 and "name one file" in result.stderr
+    assert not Path(same).exists()

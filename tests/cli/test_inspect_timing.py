@@ -162,3 +162,20 @@ def test_verify_lists_bad_files_in_source_order_whatever_failed_first(tmp_path: 
     assert good == []
     assert [b.index for b in bad] == list(range(13))
     assert [b.stage for b in bad] == ["decode"] + ["read"] * 12
+
+
+def test_verify_reports_progress_through_a_stretch_of_bad_files() -> None:
+    # report() was called only when a good file came: a long run of bad files (slow to
+    # fail, say on a remote store) showed no progress at all, like a hang (QA58).
+    from gpu_loader.sources import FileList
+
+    class SlowToFail(FileList):
+        def read(self, index: int) -> bytes:
+            time.sleep(0.06)
+            raise OSError(f"unreadable {index}")
+
+    source = SlowToFail([(f"/nowhere/{i}.jpg", 0) for i in range(30)])
+    reports: list[tuple[int, int]] = []
+    good, bad = insp.verify(source, threads=1, report=lambda d, b: reports.append((d, b)))
+    assert good == [] and len(bad) == 30
+    assert reports and all(done == 0 and 0 < failed <= 30 for done, failed in reports)
