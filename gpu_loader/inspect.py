@@ -302,7 +302,8 @@ def format_report(
     lines = [
         f"inspected {count} of {len(index)} images"
         + (" (spread over the index)" if count < len(index) else "")
-        + f" on {cpus} CPU(s); each rate is the faster of two runs of {MIN_TIMED_S:g} s or more",
+        + f" on {cpus} CPU(s); each rate is the faster of two runs of {MIN_TIMED_S:g} s or "
+        + f"{MAX_PASSES} passes over them, whichever ends first",
         cpu_backend_line(),
         "",
     ]
