@@ -255,6 +255,20 @@ def _positive(name: str, value: float) -> None:
         raise CliError(f"--{name} must be > 0, got {value}")
 
 
+MAX_OUTPUT_SIDE = 8192
+"""The largest ``--size``: one float32 image of 8192 x 8192 is 0.8 GB (QA58: 30000 ran for
+minutes, each sample a 10.8 GB output, then failed as a batch too large)."""
+
+
+def _output_side(value: int) -> None:
+    _positive("size", value)
+    if value > MAX_OUTPUT_SIDE:
+        raise CliError(
+            f"--size must be at most {MAX_OUTPUT_SIDE} (one float32 image of that side is "
+            f"{3 * 4 * MAX_OUTPUT_SIDE**2 / 2**30:.1f} GiB), got {value}"
+        )
+
+
 _DATA_HELP = (
     "a folder (one sub-folder per class), a .csv list or .tar shards (brace patterns "
     "allowed), as a path or an fsspec URL"
@@ -345,8 +359,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from gpu_loader.loader import _resolve_device
     from gpu_loader.pipeline import PipelineFailure
 
-    for name in ("num_images", "epochs", "batch_size", "size"):
+    for name in ("num_images", "epochs", "batch_size"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    _output_side(args.size)
     if args.threads is not None:
         _positive("threads", args.threads)
     device = args.device.strip().lower()
@@ -442,7 +457,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from gpu_loader.inspect import inspect_folder
 
     _positive("samples", args.samples)
-    _positive("size", args.size)
+    _output_side(args.size)
     _check_backend()
     index = _open_data(args.data)
     try:

@@ -169,6 +169,9 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("make-dataset", "/proc/gpu-loader-test", "--num", "3"), "cannot write the dataset"),
         (("make-dataset", "/dev/null/x", "--num", "3"), "cannot write the dataset"),
         (("inspect", "--data", ".", "--size", "0"), "--size must be > 0"),
+        # QA58: minutes of 10.8 GB outputs, then exit 1 without naming --size.
+        (("inspect", "--data", ".", "--size", "30000"), "--size must be at most 8192"),
+        (("demo", "--data", ".", "--size", "30000"), "--size must be at most 8192"),
         (("demo", "--max-failures", "2.5"), "a count >= 0 or a rate in (0, 1]"),
         (("demo", "--data", ".", "--json", "."), "is a folder; give a file path"),
         (("demo", "--threads", "0", "--data", "."), "--threads must be > 0"),
