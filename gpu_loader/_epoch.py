@@ -1278,7 +1278,7 @@ class CpuEpoch(EpochBase):
             self.decode_one(task)
         except BaseException as exc:
             # As `as_failed` lists it (QA56: the limit's message counted augment's as decode).
-            self.note_failure(task.position, "augment" if raised_by_augment(exc) else "decode")
+            self.note_failure(task.position, failed_stage("decode", exc))
             raise
         finally:
             self.in_hand.pop(me, None)
@@ -1388,7 +1388,7 @@ class CpuEpoch(EpochBase):
         samples it has finished), then the resume record and the batcher are told, in
         `note_failure`'s order."""
         add_note(exc, f"stage: {stage}, sample: {task.key}")
-        self.remember_failure(task.position, "augment" if raised_by_augment(exc) else stage)
+        self.remember_failure(task.position, failed_stage(stage, exc))
         record = FailureRecord(stage=stage, key=task.key, error=exc)
         error = self.run_policies[stage].record(record, calls=calls)
         if error is None:
@@ -1672,8 +1672,14 @@ Formed = tuple["torch.Tensor", "torch.Tensor", Sequence[int]]
 """A batch ready for the training loop: images, labels, epoch positions."""
 
 
+def failed_stage(stage: str, error: BaseException) -> str:
+    """The stage a sample that raised ``error`` in ``stage`` is listed under: "augment"
+    where the user's augment function raised it (inside the decode stage)."""
+    return "augment" if raised_by_augment(error) else stage
+
+
 def as_failed(record: FailureRecord, epoch: int) -> FailedSample:
-    stage = "augment" if raised_by_augment(record.error) else record.stage
+    stage = failed_stage(record.stage, record.error)
     return FailedSample(key=record.key, stage=stage, error=str(record), epoch=epoch)
 
 
