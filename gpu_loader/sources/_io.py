@@ -235,9 +235,8 @@ def _path_link(url: str) -> tuple[list[str], int]:
     (``proto://...``), -1 when none has one. A chain's last link that is a relative local
     path (``zip://::d.zip``) is made absolute: keys must not change with ``os.chdir`` (QA)."""
     links = url.split("::") if chained(url) else [url]
-    last = links[-1]
-    if len(links) > 1 and last and "://" not in last and not os.path.isabs(last):
-        links[-1] = os.path.abspath(last)
+    if len(links) > 1 and links[-1] and "://" not in links[-1]:
+        links[-1] = anchored(links[-1])
     return links, next((k for k, link in enumerate(links) if "://" in link), -1)
 
 
