@@ -148,13 +148,10 @@ _GENERATED = re.compile(r"class_\d+/img_\d{6,}\.(jpg|png)|" + re.escape(MANIFEST
 _CLASS_FOLDER = re.compile(r"class_\d+")
 
 
-def _written_here(manifest: Path) -> bool:
-    """Whether ``manifest`` is one this generator wrote (any version of it)."""
-    try:
-        loaded = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(loaded, dict) and {"generator", "params", "counts"} <= loaded.keys()
+def _written_here(root: Path) -> bool:
+    """Whether ``root``'s manifest is one this generator wrote (any version of it)."""
+    loaded = read_manifest(root)
+    return loaded is not None and {"generator", "params", "counts"} <= loaded.keys()
 
 
 def _generated_files(root: Path) -> list[Path]:
@@ -162,12 +159,13 @@ def _generated_files(root: Path) -> list[Path]:
     any other file (never deleted), any folder but a class folder (an empty tree of the
     user's was deleted, QA58), or a manifest this generator did not write (QA58: a
     user's own manifest.json was overwritten)."""
-    files = [p for p in root.rglob("*") if p.is_symlink() or not p.is_dir()]
+    entries = list(root.rglob("*"))
+    files = [p for p in entries if p.is_symlink() or not p.is_dir()]
     foreign = [p for p in files if not _GENERATED.fullmatch(p.relative_to(root).as_posix())]
-    folders = [p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()]
+    folders = [p for p in entries if p.is_dir() and not p.is_symlink()]
     foreign += [p for p in folders if p.parent != root or not _CLASS_FOLDER.fullmatch(p.name)]
     manifest = root / MANIFEST
-    if manifest.is_file() and not _written_here(manifest):
+    if manifest.is_file() and not _written_here(root):
         foreign.append(manifest)
     if foreign:
         raise ValueError(
