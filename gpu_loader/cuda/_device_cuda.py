@@ -142,12 +142,16 @@ class CudaKernelLauncher:
         std: Sequence[float],
         dtype: OutputDtype,
         stream: Any,
+        interpolation: str = "bilinear",
     ) -> None:
         from gpu_loader.cuda._fused import launch_fused
 
         cupy = require("cupy", "the fused CUDA kernels")
         with cupy.cuda.Device(self.device_index):
-            launch_fused(images, boxes, flips, out_ptr, out_h, out_w, mean, std, dtype, stream)
+            launch_fused(
+                images, boxes, flips, out_ptr, out_h, out_w, mean, std, dtype, stream,
+                interpolation,
+            )  # fmt: skip
 
 
 def cuda_ports(

@@ -97,9 +97,9 @@ def _build(kernel: str, header: str, source: str, cxx: str, target: Path) -> Non
 
 def sample_layout() -> dict[str, int]:
     """``sizeof`` and field offsets of the compiled ``struct FusedSample``."""
-    out = (ctypes.c_longlong * 10)()
+    names = ("itemsize", *(SAMPLE_DTYPE.names or ()))
+    out = (ctypes.c_longlong * len(names))()
     load_library().emulated_fused_sample_layout(out)
-    names = ("itemsize", *(name for name in SAMPLE_DTYPE.names or () if name != "reserved"))
     return dict(zip(names, (int(v) for v in out), strict=True))
 
 
@@ -150,14 +150,16 @@ def launch_fused_emulated(
     std: Sequence[float],
     dtype: OutputDtype,
     stream: object = None,
+    interpolation: str = "bilinear",
 ) -> None:
     """The CPU twin of ``launch_fused``: same arguments, host pointers instead of device ones.
 
     ``images`` are (pointer, height, width, row pitch in bytes) of HWC uint8 RGB pixels;
     ``out_ptr`` addresses a C-contiguous ``[N, 3, out_h, out_w]`` buffer of ``dtype``
     (bfloat16 as its 16-bit pattern). ``stream`` is ignored: the call is synchronous.
+    ``interpolation`` is "bilinear" or "bicubic" (Pillow's filters, antialiased).
     The caller keeps the buffers alive for the call.
     """
     del stream  # synchronous: nothing to order against
-    plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype)
+    plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype, interpolation)
     run_plan(plan, out_ptr)

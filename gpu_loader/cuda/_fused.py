@@ -31,17 +31,19 @@ def launch_fused(
     std: Sequence[float],
     dtype: OutputDtype,
     stream: Any = None,
+    interpolation: str = "bilinear",
 ) -> None:
     """Enqueue one fused crop/resize/flip/normalise/cast launch for a whole batch.
 
     ``images`` are (device pointer, height, width, row pitch in bytes) of HWC uint8 RGB
     pixels; ``out_ptr`` is a device pointer to a C-contiguous ``[N, 3, out_h, out_w]``
     buffer of ``dtype``. ``stream`` is a ``cupy.cuda.Stream`` (or anything with a
-    ``ptr``, wrapped as an external stream); None uses CuPy's current stream. The call
+    ``ptr``, wrapped as an external stream); None uses CuPy's current stream.
+    ``interpolation`` is "bilinear" or "bicubic" (Pillow's filters, antialiased). The call
     returns once the work is enqueued: the caller records an event on ``stream`` and
     keeps the source and output buffers alive until it has fired.
     """
-    plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype)
+    plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype, interpolation)
     if plan.batch_size == 0:
         return
     cupy = require("cupy", "the fused CUDA kernels")

@@ -519,6 +519,7 @@ class GpuBatchStage:
                 self.transform.std,
                 self.dtype,
                 stream,
+                self.transform.interpolation,
             )
         labels = runtime.upload_labels(self.labels[[s.index for s in done]], stream)
         return GpuBatch(

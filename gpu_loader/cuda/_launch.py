@@ -1,7 +1,8 @@
 """Launch planning for the fused kernel, shared by the CUDA and the CPU-emulation launchers.
 
 Everything here is plain NumPy and pure logic: validate the per-sample values, pack
-them into the 48-byte records ``kernels/fused_resize.cu`` reads (``SAMPLE_DTYPE``),
+them into the 48-byte records ``kernels/fused_resize.cu`` reads (``SAMPLE_DTYPE``, the
+filter code included),
 turn mean/std into the kernel's scale/shift, and compute grid and block. Both
 launchers call :func:`plan_fused` and differ only in how they hand the plan to a
 kernel, so this logic is tested on machines without a GPU.
@@ -51,13 +52,17 @@ SAMPLE_DTYPE = np.dtype(
             "box_height",
             "box_width",
             "flip",
-            "reserved",
+            "filter",
         ],
         "formats": ["<u8", "<i8", "<i4", "<i4", "<f4", "<f4", "<f4", "<f4", "<i4", "<i4"],
         "offsets": [0, 8, 16, 20, 24, 28, 32, 36, 40, 44],
         "itemsize": 48,
     }
 )
+
+# The kernel's filter code per interpolation (`FusedSample.filter`); the same names as
+# the transforms' `interpolation` (gpu_loader.ops.INTERPOLATIONS).
+FILTER_CODES: dict[str, int] = {"bilinear": 0, "bicubic": 1}
 
 # Float round-off past the image edge that is accepted and clamped away, in pixels: the
 # same tolerance as the CPU path (gpu_loader.ops), so both accept the same boxes.
@@ -146,12 +151,15 @@ def pack_samples(
     images: Sequence[ImageRef],
     boxes: npt.ArrayLike,
     flips: npt.ArrayLike,
+    interpolation: str = "bilinear",
 ) -> npt.NDArray[np.void]:
     """Validate the per-sample values and pack them into SAMPLE_DTYPE records.
 
     ``boxes`` is ``[N, 4]`` (top, left, height, width) in source pixels, fractional
-    allowed, inside the image; ``flips`` is ``[N]`` bools.
+    allowed, inside the image; ``flips`` is ``[N]`` bools; ``interpolation`` is one of
+    FILTER_CODES, for every sample.
     """
+    code = filter_code(interpolation)
     n = len(images)
     box = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) if n else np.zeros((0, 4))
     flip = np.asarray(flips, dtype=bool).reshape(-1) if n else np.zeros((0,), dtype=bool)
@@ -163,8 +171,17 @@ def pack_samples(
     for i, image in enumerate(images):
         _check_image(i, image)
         clamped = _check_box(i, box[i], image[1], image[2])
-        records[i] = (image[0], image[3], image[1], image[2], *clamped, int(flip[i]), 0)
+        records[i] = (image[0], image[3], image[1], image[2], *clamped, int(flip[i]), code)
     return records
+
+
+def filter_code(interpolation: str) -> int:
+    """The kernel's code for ``interpolation`` ("bilinear" or "bicubic")."""
+    if interpolation not in FILTER_CODES:
+        raise ValueError(
+            f"`interpolation` must be one of {list(FILTER_CODES)}, got {interpolation!r}"
+        )
+    return FILTER_CODES[interpolation]
 
 
 def plan_fused(
@@ -176,6 +193,7 @@ def plan_fused(
     mean: Sequence[float],
     std: Sequence[float],
     dtype: OutputDtype,
+    interpolation: str = "bilinear",
 ) -> FusedPlan:
     """Validate and pack one batch: the single source of truth for both launchers."""
     if dtype not in KERNEL_NAMES:
@@ -186,7 +204,7 @@ def plan_fused(
         kernel_name=KERNEL_NAMES[dtype],
         grid=grid,
         block=block,
-        samples=pack_samples(images, boxes, flips),
+        samples=pack_samples(images, boxes, flips, interpolation),
         out_h=out_h,
         out_w=out_w,
         scale=scale,

@@ -93,6 +93,7 @@ class KernelLauncher(Protocol):
         std: Sequence[float],
         dtype: OutputDtype,
         stream: Any,
+        interpolation: str = "bilinear",
     ) -> None: ...
 
 

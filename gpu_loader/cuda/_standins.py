@@ -83,13 +83,14 @@ class StandinKernelLauncher:
         std: Sequence[float],
         dtype: OutputDtype,
         stream: Any,
+        interpolation: str = "bilinear",
     ) -> None:
         from gpu_loader.cuda._emulation import run_plan
 
         if not isinstance(stream, StandinStream):
             raise TypeError(f"the stand-in launcher needs a StandinStream, got {stream!r}")
         # Planned (and validated) at enqueue time, as the CUDA launcher does.
-        plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype)
+        plan = plan_fused(images, boxes, flips, out_h, out_w, mean, std, dtype, interpolation)
         if plan.batch_size == 0:
             return
         self.launches += 1

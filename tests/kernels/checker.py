@@ -51,6 +51,7 @@ class Case:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     label: str = field(default="")
+    interpolation: str = "bilinear"
 
     @property
     def images(self) -> list[npt.NDArray[np.uint8]]:
@@ -73,6 +74,7 @@ class Case:
             self.mean,
             self.std,
             f"{self.label}[{index}]",
+            self.interpolation,
         )
 
 
@@ -116,7 +118,7 @@ def run_host(launch: Callable[..., None]) -> Runner:
         ]
         launch(
             refs, case.boxes, case.flips, out.ctypes.data, case.out_h, case.out_w,
-            case.mean, case.std, case.dtype, None,
+            case.mean, case.std, case.dtype, None, case.interpolation,
         )  # fmt: skip
         return out
 
@@ -141,7 +143,7 @@ def run_cupy(launch: Callable[..., None]) -> Runner:
         ]
         launch(
             refs, case.boxes, case.flips, raw.data.ptr, case.out_h, case.out_w,
-            case.mean, case.std, case.dtype, stream,
+            case.mean, case.std, case.dtype, stream, case.interpolation,
         )  # fmt: skip
         stream.synchronize()
         return cupy.asnumpy(raw).view(NUMPY_DTYPES[case.dtype]).reshape(shape)
@@ -154,7 +156,7 @@ def check_fused_kernel(run: Runner, case: Case) -> npt.NDArray[Any]:
     before = [b.copy() for b in case.buffers]
     first = run(case, 0x00)
     second = run(case, 0xFF)
-    where = f"case {case.label or '?'} ({case.dtype})"
+    where = f"case {case.label or '?'} ({case.dtype}, {case.interpolation})"
 
     assert first.dtype == NUMPY_DTYPES[case.dtype], where
     assert first.shape == (len(case.buffers), 3, case.out_h, case.out_w), where
@@ -167,7 +169,7 @@ def check_fused_kernel(run: Runner, case: Case) -> npt.NDArray[Any]:
     got = as_float64(first, case.dtype)
     want = fused_reference(
         case.images, case.boxes, case.flips, case.out_h, case.out_w, case.mean, case.std,
-        case.dtype,
+        case.dtype, case.interpolation,
     )  # fmt: skip
     rel, abs_ = TOLERANCES[case.dtype]
     if case.dtype == "uint8":
@@ -199,6 +201,7 @@ def random_case(
     max_out: int = 24,
     label: str = "",
     sizes: Sequence[tuple[int, int]] | None = None,
+    interpolation: str = "bilinear",
 ) -> Case:
     """Random sizes (1-pixel sides included), fractional boxes (enlarging and shrinking), flips."""
     buffers: list[npt.NDArray[np.uint8]] = []
@@ -217,7 +220,10 @@ def random_case(
         boxes[i] = _random_box(rng, h, w)
     out_h, out_w = (int(v) for v in rng.integers(1, max_out + 1, size=2))
     flips = rng.random(n) < 0.5
-    return Case(buffers, widths, boxes, flips, out_h, out_w, dtype, label=label)
+    return Case(
+        buffers, widths, boxes, flips, out_h, out_w, dtype, label=label,
+        interpolation=interpolation,
+    )  # fmt: skip
 
 
 def _random_box(rng: np.random.Generator, h: int, w: int) -> npt.NDArray[np.float64]:

@@ -8,6 +8,7 @@ from PIL import Image
 
 from gpu_loader.cuda._emulation import convert, launch_fused_emulated, sample_layout
 from gpu_loader.cuda._launch import OUTPUT_DTYPES, SAMPLE_DTYPE, OutputDtype
+from gpu_loader.ops._transforms import INTERPOLATIONS
 from tests.kernels.checker import (
     Case,
     as_float64,
@@ -16,16 +17,47 @@ from tests.kernels.checker import (
     random_case,
     run_host,
 )
+from tests.kernels.reference import axis_weights
 
 RUN = run_host(launch_fused_emulated)
 
 
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
 @pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
 @pytest.mark.parametrize("seed", range(4))
-def test_random_batches_match_the_reference(dtype: OutputDtype, seed: int) -> None:
+def test_random_batches_match_the_reference(
+    dtype: OutputDtype, seed: int, interpolation: str
+) -> None:
     rng = np.random.default_rng([seed, OUTPUT_DTYPES.index(dtype)])
-    case = random_case(rng, dtype, n=int(rng.integers(2, 6)), label=f"seed {seed}")
+    case = random_case(
+        rng, dtype, n=int(rng.integers(2, 6)), label=f"seed {seed}", interpolation=interpolation
+    )
     check_fused_kernel(RUN, case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_bicubic_overshoot_is_clamped_to_the_pixel_range(dtype: OutputDtype) -> None:
+    # A checkerboard blown up 8x: the cubic lobes ring past 0 and 255 at every edge.
+    # The kernel clamps once, before normalising, so the output stays within what 0
+    # and 255 normalise to, and reaches both.
+    board = (np.indices((8, 8)).sum(axis=0) % 2 * 255).astype(np.uint8)
+    image = np.repeat(board[:, :, None], 3, axis=2)
+    case = Case(
+        [np.ascontiguousarray(image.reshape(8, 24))], [8], np.array([[0.0, 0.0, 8.0, 8.0]]),
+        np.array([False]), 64, 64, dtype, label="checkerboard", interpolation="bicubic",
+    )  # fmt: skip
+    out = as_float64(check_fused_kernel(RUN, case), dtype)
+    mean, std = np.asarray(case.mean), np.asarray(case.std)
+    low, high = (0.0 - mean) / std, (1.0 - mean) / std
+    if dtype == "uint8":
+        low, high = np.zeros(3), np.full(3, 255.0)
+    for c in range(3):
+        assert out[0, c].min() == pytest.approx(low[c], abs=1e-5)
+        assert out[0, c].max() == pytest.approx(high[c], abs=1e-5)
+    # Unclamped, the same weights go well past the range (the clamp is what holds it).
+    weights = axis_weights(0.0, 8.0, 64, 8, "bicubic")
+    raw = weights @ board.astype(np.float64) @ weights.T
+    assert raw.min() < -10 and raw.max() > 265
 
 
 @pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
@@ -192,6 +224,43 @@ def test_matches_the_cpu_path(dtype: OutputDtype, seed: int) -> None:
         want = as_float64(out, dtype)
         err = np.abs(got[i] - want)
         assert np.all(err <= level + rel * np.abs(want) + 1e-6), (i, float(err.max()))
+
+
+@pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
+@pytest.mark.parametrize("seed", range(3))
+def test_bicubic_matches_the_native_cpu_path(dtype: OutputDtype, seed: int) -> None:
+    # Both sum the same separable float weights and clamp once: equal but for float
+    # rounding, then each side's rounding to the output dtype (one level for uint8).
+    from gpu_loader.ops import CropParams, transform_into
+    from gpu_loader.ops._backend import forced, native_module
+
+    if native_module() is None:
+        pytest.skip("the native CPU backend is not built")
+    rng = np.random.default_rng([seed, 98])
+    case = random_case(
+        rng, dtype, n=4, max_side=48, max_out=20, label=f"bicubic {seed}",
+        interpolation="bicubic",
+    )  # fmt: skip
+    got = as_float64(RUN(case, 0), dtype)
+    rel, abs_ = {
+        "float32": (1e-6, 1e-4),
+        "float16": (2.0**-10, 1e-4),
+        "bfloat16": (2.0**-7, 1e-4),
+        "uint8": (0.0, 1.0),
+    }[dtype]
+    numpy_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+    for i, image in enumerate(case.images):
+        top, left, bh, bw = case.boxes[i]
+        params = CropParams(top, left, bh, bw, flip=bool(case.flips[i]))
+        out = np.zeros((3, case.out_h, case.out_w), dtype=numpy_dtype.get(dtype, np.uint8))
+        with forced("native"):
+            transform_into(
+                np.ascontiguousarray(image), params, out, mean=case.mean, std=case.std,
+                dtype=dtype, interpolation="bicubic",
+            )  # fmt: skip
+        want = as_float64(out, dtype)
+        err = np.abs(got[i] - want)
+        assert np.all(err <= abs_ + rel * np.abs(want)), (i, float(err.max()))
 
 
 def test_imagenet_sized_crop_matches_pillow() -> None:

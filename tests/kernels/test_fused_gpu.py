@@ -13,13 +13,19 @@ from tests.kernels.checker import TOLERANCES, check_fused_kernel, random_case, r
 
 
 @pytest.mark.needs_cuda
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
 @pytest.mark.parametrize("seed", range(3))
-def test_cuda_kernel_matches_the_reference(dtype: OutputDtype, seed: int) -> None:
+def test_cuda_kernel_matches_the_reference(
+    dtype: OutputDtype, seed: int, interpolation: str
+) -> None:
     from gpu_loader.cuda._fused import launch_fused
 
     rng = np.random.default_rng([seed, 7])
-    case = random_case(rng, dtype, n=int(rng.integers(2, 6)), label=f"gpu seed {seed}")
+    case = random_case(
+        rng, dtype, n=int(rng.integers(2, 6)), label=f"gpu seed {seed}",
+        interpolation=interpolation,
+    )  # fmt: skip
     check_fused_kernel(run_cupy(launch_fused), case)
 
 
@@ -34,8 +40,12 @@ def test_cuda_kernel_equals_the_emulation_for_reduced_precision() -> None:
     from tests.kernels.checker import as_float64, run_host
 
     rng = np.random.default_rng(3)
-    for dtype in ("float16", "bfloat16", "uint8"):
-        case = random_case(rng, dtype, n=4)  # type: ignore[arg-type]
+    for dtype, interpolation in [
+        (dtype, interpolation)
+        for dtype in ("float16", "bfloat16", "uint8")
+        for interpolation in ("bilinear", "bicubic")
+    ]:
+        case = random_case(rng, dtype, n=4, interpolation=interpolation)  # type: ignore[arg-type]
         gpu = as_float64(run_cupy(launch_fused)(case, 0), dtype)
         cpu = as_float64(run_host(launch_fused_emulated)(case, 0), dtype)
         ulp = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "uint8": 0.0}[dtype]
@@ -43,7 +53,7 @@ def test_cuda_kernel_equals_the_emulation_for_reduced_precision() -> None:
         excess = np.abs(gpu - cpu) - (ulp * np.abs(cpu) + (1.0 if dtype == "uint8" else arithmetic))
         worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
         assert excess[worst] <= 0, (
-            f"{dtype}: {int(np.count_nonzero(excess > 0))} of {excess.size} values differ by "
+            f"{dtype}, {interpolation}: {int(np.count_nonzero(excess > 0))} of {excess.size} values differ by "
             f"more than one step; worst at {tuple(int(i) for i in worst)}: "
             f"device {gpu[worst]!r}, emulation {cpu[worst]!r}"
         )

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gpu_loader.cuda._launch import (
     BLOCK,
+    FILTER_CODES,
     KERNEL_NAMES,
     MAX_GRID_YZ,
     SAMPLE_DTYPE,
@@ -17,6 +18,7 @@ from gpu_loader.cuda._launch import (
     pack_samples,
     plan_fused,
 )
+from gpu_loader.ops._transforms import INTERPOLATIONS
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -89,6 +91,19 @@ def test_pack_samples_writes_every_field() -> None:
     assert records["box_height"].tolist() == [4.0, 3.0]
     assert records["box_width"].tolist() == [8.5, 1.0]
     assert records["flip"].tolist() == [1, 0]
+    assert records["filter"].tolist() == [FILTER_CODES["bilinear"]] * 2
+    bicubic = pack_samples(images, boxes, [True, False], "bicubic")
+    assert bicubic["filter"].tolist() == [FILTER_CODES["bicubic"]] * 2
+
+
+def test_every_interpolation_of_the_transforms_has_a_filter_code() -> None:
+    assert tuple(FILTER_CODES) == INTERPOLATIONS
+    assert len(set(FILTER_CODES.values())) == len(FILTER_CODES)
+
+
+def test_an_unknown_interpolation_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"`interpolation` must be one of.*'lanczos'"):
+        plan_fused([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False], 2, 3, MEAN, STD, "float32", "lanczos")
 
 
 def test_pack_samples_empty_batch() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gpu_loader.cuda._device_cuda as device_cuda
 import gpu_loader.cuda._fused as fused
 import gpu_loader.cuda._kernels as kernels
 from gpu_loader.cuda._emulation import load_library
@@ -80,10 +81,20 @@ def make_fake_cupy(device: list[int], log: list[tuple[str, Any]]) -> types.Simpl
             log.append(("get_function", name))
             return FakeKernel(name, log)
 
-    class Device:
+    class Device(AbstractContextManager["Device"]):
+        def __init__(self, index: int | None = None) -> None:
+            self.index = index
+
         @property
         def id(self) -> int:
             return device[0]
+
+        def __enter__(self) -> Device:
+            log.append(("device", self.index))
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
 
     cuda = types.SimpleNamespace(
         Device=Device,
@@ -103,6 +114,7 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[int], list
     fake = make_fake_cupy(device, log)
     monkeypatch.setattr(kernels, "require", lambda module, feature: fake)
     monkeypatch.setattr(fused, "require", lambda module, feature: fake)
+    monkeypatch.setattr(device_cuda, "require", lambda module, feature: fake)
     monkeypatch.setattr(kernels, "nvrtc_options", lambda: ("--std=c++17", "-I/fake"))
     kernels.clear_cache()
     yield device, log
@@ -140,14 +152,30 @@ def test_unknown_source_is_refused(fake_cupy: Any) -> None:
         kernels.get_module("nope.cu")
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("dtype", OUTPUT_DTYPES)
-def test_cuda_launcher_passes_what_the_kernel_expects(fake_cupy: Any, dtype: OutputDtype) -> None:
+def test_cuda_launcher_passes_what_the_kernel_expects(
+    fake_cupy: Any, dtype: OutputDtype, interpolation: str
+) -> None:
     _, log = fake_cupy
     rng = np.random.default_rng(42)
-    case = random_case(rng, dtype, n=3, label="via launch_fused")
+    case = random_case(rng, dtype, n=3, label="via launch_fused", interpolation=interpolation)
     check_fused_kernel(run_host(fused.launch_fused), case)
     launches = [e[1] for e in log if e[0] == "launch"]
     assert launches and all(name == KERNEL_NAMES[dtype] for name, _, _ in launches)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_the_kernel_launch_port_passes_the_filter_on(fake_cupy: Any, interpolation: str) -> None:
+    # The GPU path calls the port (CudaKernelLauncher), not launch_fused: the filter must
+    # reach the kernel through it, on the port's device.
+    from gpu_loader.cuda import CudaKernelLauncher
+
+    _, log = fake_cupy
+    rng = np.random.default_rng(8)
+    case = random_case(rng, "float32", n=3, label="via the port", interpolation=interpolation)
+    check_fused_kernel(run_host(CudaKernelLauncher(3).launch), case)
+    assert ("device", 3) in log
 
 
 def test_cuda_launcher_uses_the_given_stream(fake_cupy: Any) -> None:

@@ -224,18 +224,31 @@ def test_exif_orientation_false_is_refused_on_the_gpu_path_when_built(
         make(unique_list, transform=EvalTransform(SIZE, exif_orientation=False))
 
 
-def test_bicubic_is_refused_on_the_gpu_path_and_auto_picks_the_cpu_path(
-    unique_list: FileList,
-) -> None:
-    bicubic = TrainTransform(SIZE, interpolation="bicubic")
-    with pytest.raises(ValueError, match="interpolation='bicubic' is supported by the CPU"):
-        make(unique_list, transform=bicubic)
-    # decode_on="auto" on a CUDA device: the GPU path for bilinear, the CPU one for bicubic.
-    plain = gl.ImageLoader(unique_list, batch_size=4, transform=TrainTransform(SIZE))
+def test_bicubic_runs_on_the_gpu_path_and_auto_keeps_it_there(unique_list: FileList) -> None:
+    # The fused kernel has the bicubic filter. The PNGs are decoded by the same code on
+    # both paths, so there the GPU path's bicubic rows equal the CPU path's within float
+    # rounding, and stay clearly apart from its bilinear ones. (The JPEGs differ by the
+    # decoders: the CPU path decodes them at a reduced DCT scale.)
+    def rows(transform: EvalTransform, gpu: bool) -> dict[int, torch.Tensor]:
+        loader = (
+            make(unique_list, transform=transform, seed=3)
+            if gpu
+            else gl.ImageLoader(unique_list, batch_size=8, transform=transform, seed=3)
+        )
+        return {int(y): x.clone() for xs, ys in loader for x, y in zip(xs, ys, strict=True)}
+
+    pngs = [i for i in range(len(unique_list)) if unique_list.key(i).endswith(".png")]
+    assert pngs
+    bicubic = EvalTransform(SIZE, interpolation="bicubic")
+    on_gpu = rows(bicubic, gpu=True)
+    same, other = rows(bicubic, gpu=False), rows(EvalTransform(SIZE), gpu=False)
+    for i in pngs:
+        assert float((on_gpu[i] - same[i]).abs().max()) < 1e-4, unique_list.key(i)
+        assert float((on_gpu[i] - other[i]).abs().max()) > 0.05, unique_list.key(i)
+    # decode_on="auto" on a CUDA device takes the GPU path for either filter.
     sharp = gl.ImageLoader(unique_list, batch_size=4, transform=bicubic)
-    for loader in (plain, sharp):
-        loader.device = torch.device("cuda")
-    assert plain._gpu_decode_chosen() and not sharp._gpu_decode_chosen()
+    sharp.device = torch.device("cuda")
+    assert sharp._gpu_decode_chosen()
 
 
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
