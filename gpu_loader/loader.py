@@ -123,8 +123,7 @@ class LoaderOptions:
     decode_on: DecodeOn = "auto"
     """Where images are decoded and transformed: ``auto`` is the GPU when the device is
     CUDA (nvImageCodec batch decode + fused kernels), unless the loader asks for what the
-    CPU path alone does (an ``augment`` function, ``exif_orientation=False``); else the
-    CPU."""
+    CPU path alone does (an ``augment`` function); else the CPU."""
     gpu_streams: int = 2
     """GPU path: worker threads, each with its own CUDA stream and decoder."""
     arena_bytes: int = 256 * 2**20
@@ -1027,13 +1026,8 @@ class ImageLoader:
 
     def _cpu_only(self) -> list[str]:
         """Why this loader needs the CPU decode path (each as the GPU path's refusal):
-        ``exif_orientation=False``, an ``augment`` function."""
-        transform, why = self.transform, []
-        if not transform.exif_orientation:
-            why.append(
-                "exif_orientation=False is supported by the CPU decode path only (the GPU "
-                "decoder turns images upright); pass options=LoaderOptions(decode_on='cpu')"
-            )
+        an ``augment`` function."""
+        why = []
         if self.augment is not None:
             why.append(
                 "`augment` runs on the CPU decode path only (the GPU path decodes and "

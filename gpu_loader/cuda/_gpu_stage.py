@@ -96,9 +96,10 @@ class FetchedSample:
     """The arena slice to release once the device has read it: the encoded bytes, or
     ``host``'s pixels when they were staged there (None: not from an arena)."""
     params: CropParams | None = None
-    """Crop box and flip, drawn on the oriented header size (JPEG) or the decoded size."""
+    """Crop box and flip, drawn on the header size (JPEG) or the decoded size."""
     size: tuple[int, int] | None = None
-    """(height, width) after EXIF orientation, from the JPEG header; None for non-JPEG."""
+    """(height, width) from the JPEG header, after EXIF orientation unless the transform
+    has ``exif_orientation=False``; None for non-JPEG."""
     rng: Random | None = field(default=None, repr=False)
     """The sample's random stream, still unused when ``params`` is None."""
     host: DecodedImage | None = field(default=None, repr=False)
@@ -174,14 +175,15 @@ class GpuFetcher:
         key = self.source.key(index) if key is None else key
         piece, data = self._read(index, key)
         try:
-            size = probe_size(data, key=key)
+            exif = self.transform.exif_orientation
+            size = probe_size(data, key=key, exif=exif)
             rng = sample_stream(self.seed, self.epoch, index if stream is None else stream)
             if size is not None:
                 _check_pixels(key, size[0], size[1], self.max_pixels)
                 check_jpeg_data(data, key=key)
                 params = self.transform.make_params(size[0], size[1], rng)
                 return FetchedSample(position, index, key, data, piece, params, size, rng)
-            host = decode(data, key=key, max_pixels=self.max_pixels)
+            host = decode(data, key=key, max_pixels=self.max_pixels, exif=exif)
         except BaseException:
             if piece is not None:
                 piece.release()
@@ -420,7 +422,9 @@ class GpuBatchStage:
         if not which:
             return out
         try:
-            results = state.decoder.decode([samples[i].data for i in which], state.stream)
+            results = state.decoder.decode(
+                [samples[i].data for i in which], state.stream, self.transform.exif_orientation
+            )
         except Exception as exc:  # the whole call failed: every sample tries the CPU decoder
             # Said, not silent (QA: device memory running out under nvImageCodec's own
             # allocations, or a sticky CUDA error, sent every later batch to the CPU
@@ -488,7 +492,12 @@ class GpuBatchStage:
         return images, boxes, flips, done, failed
 
     def _fallback(self, sample: FetchedSample, stream: Any) -> tuple[DeviceImage, CropParams]:
-        host = decode(sample.data, key=sample.key, max_pixels=self.max_pixels)
+        host = decode(
+            sample.data,
+            key=sample.key,
+            max_pixels=self.max_pixels,
+            exif=self.transform.exif_orientation,
+        )
         params = sample.params
         if params is None:
             rng = sample.rng if sample.rng is not None else np.random.default_rng(sample.index)

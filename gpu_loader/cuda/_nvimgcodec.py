@@ -38,7 +38,8 @@ _KINDS = {"hw_gpu": "HW_GPU_ONLY", "gpu": "GPU_ONLY", "hybrid": "HYBRID_CPU_GPU"
 
 
 class NvImageCodecDecoder:
-    """Decodes lists of encoded images to HWC uint8 RGB, EXIF orientation applied.
+    """Decodes lists of encoded images to HWC uint8 RGB, EXIF orientation applied (unless
+    a call asks for the pixels as stored).
 
     ``device_id=None`` selects nvImageCodec's CPU-only mode (and the CPU backend);
     otherwise ``backends`` picks among hardware, CUDA and hybrid decoding. Not
@@ -69,28 +70,37 @@ class NvImageCodecDecoder:
         self._decoder = nvimgcodec.Decoder(
             device_id=device, max_num_cpu_threads=max_cpu_threads, backends=kinds
         )
-        # sRGB, interleaved RGB (grey is replicated), EXIF orientation applied: the CPU
-        # path's conventions, so crop boxes drawn on probe_size() fit the decoded image.
-        self._params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=True,
-            color_spec=nvimgcodec.ColorSpec.SRGB,
-            sample_format=nvimgcodec.SampleFormat.I_RGB,
-        )
+        # sRGB, interleaved RGB (grey is replicated), EXIF orientation applied or not (as
+        # the transform asks): the CPU path's conventions, so crop boxes drawn on
+        # probe_size(exif=...) fit the decoded image.
+        self._params = {
+            upright: nvimgcodec.DecodeParams(
+                apply_exif_orientation=upright,
+                color_spec=nvimgcodec.ColorSpec.SRGB,
+                sample_format=nvimgcodec.SampleFormat.I_RGB,
+            )
+            for upright in (True, False)
+        }
 
-    def decode_images(self, blobs: Sequence[memoryview], stream: Any) -> list[Any]:
+    def decode_images(
+        self, blobs: Sequence[memoryview], stream: Any, exif_orientation: bool = True
+    ) -> list[Any]:
         """nvImageCodec ``Image`` objects (None where decoding failed), in blob order."""
         if not blobs:
             return []
         code_streams = [self._nvimgcodec.CodeStream(np.frombuffer(b, np.uint8)) for b in blobs]
         images = self._decoder.decode(
-            code_streams, params=self._params, cuda_stream=stream_handle(stream)
+            code_streams,
+            params=self._params[bool(exif_orientation)],
+            cuda_stream=stream_handle(stream),
         )
         return list(images)
 
-    def decode(self, blobs: Sequence[memoryview], stream: Any) -> list[DeviceImage | None]:
-        return [
-            None if im is None else as_device_image(im) for im in self.decode_images(blobs, stream)
-        ]
+    def decode(
+        self, blobs: Sequence[memoryview], stream: Any, exif_orientation: bool = True
+    ) -> list[DeviceImage | None]:
+        images = self.decode_images(blobs, stream, exif_orientation)
+        return [None if im is None else as_device_image(im) for im in images]
 
 
 VERBOSITY_ENV = "PYNVIMGCODEC_VERBOSITY"

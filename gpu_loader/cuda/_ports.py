@@ -68,8 +68,13 @@ class Event(Protocol):
 class BatchDecoder(Protocol):
     """Decodes a batch of encoded images on ``stream``. One instance per worker thread."""
 
-    def decode(self, blobs: Sequence[memoryview], stream: Any) -> list[DeviceImage | None]:
+    def decode(
+        self, blobs: Sequence[memoryview], stream: Any, exif_orientation: bool = True
+    ) -> list[DeviceImage | None]:
         """One entry per blob, None where the image could not be decoded (never raises per image).
+
+        Images are turned upright by their EXIF orientation, unless ``exif_orientation`` is
+        False (pixels as stored, the transforms' ``exif_orientation=False``).
 
         The decoder may read ``blobs`` until ``stream`` has passed the decode: the caller
         records an event after this call and keeps the bytes until it has fired.

@@ -36,11 +36,11 @@ class StandinDecoder:
         self.sizes: list[int] = []
 
     def decode(
-        self, blobs: Sequence[memoryview], stream: StandinStream
+        self, blobs: Sequence[memoryview], stream: StandinStream, exif_orientation: bool = True
     ) -> list[DeviceImage | None]:
         self.calls += 1
         self.sizes.append(len(blobs))
-        images = self._decoder.decode_images(blobs, stream)
+        images = self._decoder.decode_images(blobs, stream, exif_orientation)
         out: list[DeviceImage | None] = []
         arrays: list[np.ndarray] = []
         for image in images:

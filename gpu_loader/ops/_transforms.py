@@ -185,14 +185,14 @@ class TrainTransform:
     exif_orientation: bool = True
     """Turn each image upright by its EXIF orientation before cropping, as Pillow's
     ``exif_transpose`` does. False: use the pixels as stored, as torchvision's default
-    image loader does (to match a model trained or evaluated that way). CPU decode only:
-    ``decode_on="gpu"`` refuses False (``"auto"`` then picks the CPU path)."""
+    image loader does (to match a model trained or evaluated that way). Both decode
+    paths."""
     interpolation: Interpolation = "bilinear"
     """The resize filter, antialiased when shrinking as Pillow's is (torchvision's
     ``InterpolationMode.BILINEAR`` / ``BICUBIC``, e.g. timm's ``interpolation="bicubic"``).
     "bicubic" (Pillow's a = -0.5 kernel, support 2) can overshoot; its result is clamped to
-    the 0-255 range before the normalisation. CPU decode only: ``decode_on="gpu"``
-    refuses it (``"auto"`` then picks the CPU path)."""
+    the 0-255 range before the normalisation. Both decode paths (the GPU kernel has
+    the same filter)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size_pair(self.size))

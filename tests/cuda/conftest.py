@@ -97,18 +97,25 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
 TRANSFORM = TrainTransform(OUT, scale=(0.3, 1.0))
 
 
-def reference(data: bytes, index: int, dtype: str = "float32") -> np.ndarray:
+def reference(
+    data: bytes, index: int, dtype: str = "float32", transform: TrainTransform = TRANSFORM
+) -> np.ndarray:
     """The CPU path at full decode scale: same params, same math, no DCT shortcut."""
-    image = decode(data, key="ref")
-    params = TRANSFORM.make_params(image.height, image.width, sample_rng(SEED, EPOCH, index))
+    image = decode(data, key="ref", exif=transform.exif_orientation)
+    params = transform.make_params(image.height, image.width, sample_rng(SEED, EPOCH, index))
     out = np.empty((3, OUT, OUT), np.float32 if dtype == "float32" else np.uint8)
-    transform_into(image, params, out, mean=TRANSFORM.mean, std=TRANSFORM.std, dtype=dtype)  # type: ignore[arg-type]
+    transform_into(
+        image, params, out, mean=transform.mean, std=transform.std, dtype=dtype,  # type: ignore[arg-type]
+        interpolation=transform.interpolation,
+    )  # fmt: skip
     return out
 
 
-def make_stage(labels: np.ndarray, dtype: str = "float32") -> tuple[GpuBatchStage, StandinRuntime]:
+def make_stage(
+    labels: np.ndarray, dtype: str = "float32", transform: TrainTransform = TRANSFORM
+) -> tuple[GpuBatchStage, StandinRuntime]:
     runtime = StandinRuntime()
-    stage = GpuBatchStage(standin_ports(runtime), TRANSFORM, labels, dtype=dtype)  # type: ignore[arg-type]
+    stage = GpuBatchStage(standin_ports(runtime), transform, labels, dtype=dtype)  # type: ignore[arg-type]
     return stage, runtime
 
 
@@ -117,8 +124,9 @@ def fetch_all(
     arena: PinnedArena,
     indices: list[int],
     pixel_arena: PinnedArena | None = None,
+    transform: TrainTransform = TRANSFORM,
 ) -> tuple[list[FetchedSample], list[tuple[int, BaseException]]]:
-    fetcher = GpuFetcher(source, arena, TRANSFORM, seed=SEED, epoch=EPOCH, pixel_arena=pixel_arena)
+    fetcher = GpuFetcher(source, arena, transform, seed=SEED, epoch=EPOCH, pixel_arena=pixel_arena)
     good, bad = [], []
     for position, index in enumerate(indices):
         try:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ from gpu_loader.cuda._gpu_stage import (
     handoff,
 )
 from gpu_loader.cuda._standin_device import StandinRuntime
-from gpu_loader.ops import DecodeError
+from gpu_loader.ops import DecodeError, TrainTransform
 from tests.cuda.conftest import (
     BAD,
     EPOCH,
@@ -238,7 +240,7 @@ def test_a_decode_call_that_raises_sends_its_batch_to_the_cpu_and_says_so(
     arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
     state = stage.worker_init()
 
-    def broken(blobs: object, stream: object) -> list[object]:
+    def broken(blobs: object, stream: object, exif_orientation: bool = True) -> list[object]:
         raise RuntimeError("out of device memory")
 
     state.decoder.decode = broken  # type: ignore[method-assign]
@@ -269,8 +271,8 @@ def test_the_cpu_fallback_keeps_the_fetch_crop_and_catches_a_wrong_geometry(
     real = state.decoder.decode
     swapped: list[tuple[int, int]] = []
 
-    def tampered(blobs: object, stream: object) -> list[object]:
-        out = list(real(blobs, stream))
+    def tampered(blobs: object, stream: object, exif_orientation: bool = True) -> list[object]:
+        out = list(real(blobs, stream, exif_orientation))
         first, second = [i for i, image in enumerate(out) if image is not None][:2]
         assert (out[first].height, out[first].width) != (out[second].height, out[second].width)
         out[first], out[second] = None, out[first]
@@ -286,6 +288,47 @@ def test_the_cpu_fallback_keeps_the_fetch_crop_and_catches_a_wrong_geometry(
         index = good[position]
         expected = reference((dataset.root / dataset.names[index]).read_bytes(), index)
         assert np.abs(host[row] - expected).max() < 0.02, dataset.names[index]
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_exif_orientation_false_keeps_the_pixels_as_stored(
+    dataset: Dataset, interpolation: str
+) -> None:
+    # The transform's exif_orientation=False reaches the fetch's header size and the batch
+    # decoder: the orientation-6 JPEG comes out as stored, decoded by the batch decoder
+    # itself (no CPU fallback), and equals the CPU path's (bicubic too).
+    stored = TrainTransform(OUT, scale=(0.3, 1.0), exif_orientation=False)
+    stored = dataclasses.replace(stored, interpolation=interpolation)
+    stage, runtime = make_stage(dataset.source.labels, transform=stored)
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    names = ["exif6.jpg", "a.jpg", "e.png"]
+    indices = [dataset.names.index(n) for n in names]
+    samples, failed = fetch_all(dataset.source, arena, indices, transform=stored)
+    assert failed == [] and samples[0].size == (300, 260)  # as stored; upright: 260 x 300
+    fallbacks: list[str] = []
+    cpu_decode = stage._fallback
+
+    def counted(sample: FetchedSample, stream: object) -> object:
+        fallbacks.append(sample.key)
+        return cpu_decode(sample, stream)
+
+    stage._fallback = counted  # type: ignore[method-assign,assignment]
+    batch = stage(samples, stage.worker_init())
+    host = runtime.to_host(handoff(batch)[0]).numpy()
+    assert fallbacks == [] and batch.failed == []
+    for row, position in enumerate(batch.positions):
+        data = (dataset.root / names[position]).read_bytes()
+        expected = reference(data, indices[position], transform=stored)
+        assert np.abs(host[row] - expected).max() < 0.02, names[position]
+    upright = reference((dataset.root / "exif6.jpg").read_bytes(), indices[0], transform=TRANSFORM)
+    assert np.abs(host[batch.positions.index(0)] - upright).max() > 0.5
+    # The CPU fallback (a JPEG the batch decoder gives up on) keeps them as stored too.
+    samples, _ = fetch_all(dataset.source, arena, indices, transform=stored)
+    state = stage.worker_init()
+    state.decoder.decode = lambda blobs, *_: [None] * len(blobs)  # type: ignore[method-assign]
+    again = stage(samples, state)
+    assert sorted(fallbacks) == sorted(s.key for s in samples if s.size is not None)
+    np.testing.assert_allclose(runtime.to_host(handoff(again)[0]).numpy(), host, atol=0.02)
 
 
 def test_a_worker_state_is_never_shared_with_a_thread_still_running() -> None:

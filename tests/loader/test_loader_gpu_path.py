@@ -22,7 +22,7 @@ from gpu_loader.cuda import standin_ports
 from gpu_loader.ops import EvalTransform, TrainTransform
 from gpu_loader.pipeline import PipelineFailure
 from gpu_loader.sources import FileList
-from tests.cuda.conftest import undefined_tables
+from tests.cuda.conftest import sample_files, undefined_tables
 from tests.loader.conftest import checkpoint_after_a_failure, image_files
 
 SIZE = 32
@@ -217,11 +217,35 @@ def test_each_repeat_of_a_weighted_draw_gets_its_own_crop(unique_list: FileList)
     assert len(distinct) > len(rows) // 2
 
 
-def test_exif_orientation_false_is_refused_on_the_gpu_path_when_built(
-    unique_list: FileList,
-) -> None:
-    with pytest.raises(ValueError, match="decode_on='cpu'"):
-        make(unique_list, transform=EvalTransform(SIZE, exif_orientation=False))
+def test_exif_orientation_false_runs_on_the_gpu_path(tmp_path: Path) -> None:
+    # The rotated JPEG stays as stored on both paths (a 300 x 260 image, upright 260 x 300),
+    # and decode_on="auto" on a CUDA device keeps such a loader on the GPU path.
+    files = sample_files()
+    names = ["exif6.jpg", "a.jpg", "e.png", "d.jpg"]
+    for name in names:
+        (tmp_path / name).write_bytes(files[name])
+    source = FileList([(str(tmp_path / n), i) for i, n in enumerate(names)])
+
+    def rows(exif_orientation: bool, gpu: bool) -> dict[int, torch.Tensor]:
+        # A squash to 40 x 30: the output shows which way the image was turned.
+        transform = EvalTransform((40, 30), resize=(40, 30), exif_orientation=exif_orientation)
+        loader = (
+            make(source, transform=transform, batch_size=4)
+            if gpu
+            else gl.ImageLoader(source, batch_size=4, transform=transform)
+        )
+        return {int(y): x.clone() for xs, ys in loader for x, y in zip(xs, ys, strict=True)}
+
+    stored_gpu, stored_cpu = rows(False, gpu=True), rows(False, gpu=False)
+    upright_cpu = rows(True, gpu=False)
+    for i in range(len(names)):
+        assert float((stored_gpu[i] - stored_cpu[i]).abs().mean()) < 0.05, names[i]
+    assert float((stored_gpu[0] - upright_cpu[0]).abs().mean()) > 0.3
+    auto = gl.ImageLoader(
+        source, batch_size=4, transform=EvalTransform(SIZE, exif_orientation=False)
+    )
+    auto.device = torch.device("cuda")  # as on a machine with one
+    assert auto._gpu_decode_chosen()
 
 
 def test_bicubic_runs_on_the_gpu_path_and_auto_keeps_it_there(unique_list: FileList) -> None:
@@ -441,8 +465,8 @@ def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def decode(self, data: Any, stream: Any) -> list[Any]:
-            return list(self.inner.decode(data, stream))[:-1]
+        def decode(self, data: Any, stream: Any, exif_orientation: bool = True) -> list[Any]:
+            return list(self.inner.decode(data, stream, exif_orientation))[:-1]
 
     dropping = dataclasses.replace(ports, make_decoder=Dropping)
     reference = make(unique_list, transform=EvalTransform(SIZE), shuffle=False)
@@ -455,14 +479,6 @@ def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
     assert len(got) == len(expected)
     for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
         assert torch.equal(ye, yg) and torch.allclose(xe, xg, atol=0.05)
-
-
-def test_auto_keeps_exif_orientation_false_on_the_cpu_path(unique_list: FileList) -> None:
-    stored = gl.ImageLoader(
-        unique_list, batch_size=4, transform=EvalTransform(SIZE, exif_orientation=False)
-    )
-    stored.device = torch.device("cuda")  # as on a machine with one
-    assert not stored._gpu_decode_chosen()
 
 
 def test_a_rank_short_of_batches_is_padded_with_repeats(photo_dir: Path, tmp_path: Path) -> None:
