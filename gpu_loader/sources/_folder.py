@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import posixpath
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import PurePath
 
@@ -59,10 +60,11 @@ class ImageFolder(FileIndex):
             )
         self.root = root_s
         self.extensions = exts
+        other: Counter[str] = Counter()
         path = _io.local_path(root_s)
         suffix = ""
         if path is not None:
-            classes, files = _scan_local(path, exts, allow_empty)
+            classes, files = _scan_local(path, exts, allow_empty, other)
             # absolute, so the keys still name the files after a change of working
             # directory (the fingerprint's names are relative to the root either way)
             prefix = os.path.join(os.path.abspath(path), "")
@@ -70,7 +72,7 @@ class ImageFolder(FileIndex):
                 prefix = f"{root_s.partition('://')[0]}://{prefix}"
         else:
             try:
-                classes, files, lead = _scan_fsspec(root_s, exts, allow_empty)
+                classes, files, lead = _scan_fsspec(root_s, exts, allow_empty, other)
             except (OSError, ValueError):
                 raise
             except Exception as exc:  # zipfile.BadZipFile, tarfile.ReadError: name the root
@@ -80,6 +82,11 @@ class ImageFolder(FileIndex):
             prefix, suffix = _io.url_affixes(root_s)
             prefix += lead
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
+        self.passed_over: dict[str, int] = dict(sorted(other.items()))
+        """Files in the class folders that are not samples because their extension is not
+        in `extensions`, counted by extension (lower case; "" for none; macOS resource
+        forks, ``._x.jpg``, are not counted). `gpu-loader verify` names them: a ``.gif``
+        left out without a word looks like a file checked."""
         n = len(files)
         super().__init__(
             [f[0] for f in files],
@@ -146,7 +153,7 @@ def _no_files(root: str, empty: list[str], exts: tuple[str, ...]) -> FileNotFoun
 
 
 def _scan_local(
-    root: str, exts: tuple[str, ...], allow_empty: bool
+    root: str, exts: tuple[str, ...], allow_empty: bool, other: Counter[str]
 ) -> tuple[list[str], list[_Found]]:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"ImageFolder root {root!r} is not a folder")
@@ -165,11 +172,19 @@ def _scan_local(
                 if fname.lower().endswith(exts) and not apple_double(fname):
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
                     files.append((rel_dir + fname, label, -1))
+                elif not apple_double(fname):
+                    other[_extension(fname)] += 1
         if len(files) == before:
             empty.append(name)
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
     return classes, files
+
+
+def _extension(name: str) -> str:
+    """``name``'s extension in lower case ("" for none), as `ImageFolder.passed_over`
+    counts it."""
+    return os.path.splitext(name)[1].lower()
 
 
 def _folders_above(root: str) -> frozenset[tuple[int, int]]:
@@ -217,7 +232,7 @@ def _walk(top: str, above: frozenset[tuple[int, int]]) -> list[tuple[str, list[s
 
 
 def _scan_fsspec(
-    root: str, exts: tuple[str, ...], allow_empty: bool
+    root: str, exts: tuple[str, ...], allow_empty: bool, other: Counter[str]
 ) -> tuple[list[str], list[_Found], str]:
     """Classes and files as `_scan_local`'s, and what the keys take between ``root`` and
     the relative paths: "./" in an archive whose every member is "./<class>/...", else
@@ -261,16 +276,20 @@ def _scan_fsspec(
         chosen = []
         for path, info in found.items():
             base = posixpath.basename(path)
-            if info.get("type") == "file" and base.lower().endswith(exts):
-                if apple_double(base):
-                    continue
-                if not path.startswith(folder) or (colons and "::" in path):
-                    # A zip member "/Cat/x.jpg", found under Cat, whose key (root +
-                    # relative path) would name "Cat/x.jpg", which the archive lacks.
-                    unreadable.append(path)
-                    continue
-                size = info.get("size")
-                chosen.append((path, -1 if size is None else int(size)))
+            if info.get("type") != "file":
+                continue
+            if apple_double(base):
+                continue
+            if not base.lower().endswith(exts):
+                other[_extension(base)] += 1
+                continue
+            if not path.startswith(folder) or (colons and "::" in path):
+                # A zip member "/Cat/x.jpg", found under Cat, whose key (root +
+                # relative path) would name "Cat/x.jpg", which the archive lacks.
+                unreadable.append(path)
+                continue
+            size = info.get("size")
+            chosen.append((path, -1 if size is None else int(size)))
         if not chosen:
             empty.append(name)
         # Same order as sorted(os.walk(...)) then sorted names: by (folder, file name).

@@ -143,6 +143,21 @@ def test_extensions_can_be_narrowed(tree: Path) -> None:
     assert [os.path.relpath(one.key(i), tree) for i in range(len(one))] == ["dog/sub/c.jpeg"]
 
 
+def test_files_passed_over_are_counted_by_extension(
+    tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str]
+) -> None:
+    # `gpu-loader verify` names what it did not check (QA58: a .gif left out in silence).
+    # Only the class folders count: the root's own files are no samples of any class.
+    (tree / "dog" / "anim.GIF").write_bytes(b"GIF89a")
+    (tree / "bird" / "README").write_bytes(b"notes")
+    (tree / "bird" / "._y.jpg").write_bytes(b"\x00\x05\x16\x07")  # a resource fork
+    want = {"": 1, ".gif": 1, ".txt": 1}
+    assert ImageFolder(tree).passed_over == want
+    assert ImageFolder(copy_to_memory(memfs[0], tree, memfs[1] + "/m")).passed_over == want
+    narrow = ImageFolder(tree, extensions=(".jpg", ".jpeg"), allow_empty=True)
+    assert narrow.passed_over == {**want, ".bmp": 1, ".png": 1, ".webp": 1}
+
+
 @pytest.mark.parametrize("kind", ["zip", "tar"])
 def test_an_archive_is_opened_once_per_thread_not_once_per_read(
     tree: Path, memfs: tuple[fsspec.AbstractFileSystem, str], kind: str
