@@ -493,12 +493,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     total, began = len(index), time.perf_counter()
     terminal = is_terminal(sys.stderr)
-    last_line = [began]
+    last_line, line_open = [began], [False]
 
     def report(done: int, bad: int) -> None:
         text = f"{done + bad:,} of {total:,} checked, {bad:,} bad"
         if terminal:  # one line, redrawn
             print(f"\r{text}", end="", file=sys.stderr)
+            line_open[0] = True
         elif time.perf_counter() - last_line[0] >= LINE_INTERVAL_S:  # a log: a line now and then
             last_line[0] = time.perf_counter()
             print(text, file=sys.stderr, flush=True)
@@ -507,12 +508,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
         good, bad = verify(index, threads=args.threads, report=report)
     except ImportError as exc:  # before any --good-list is written: it would be empty
         raise CliError(str(exc)) from None
+    except KeyboardInterrupt:
+        if line_open[0]:  # end the progress line: "interrupted" goes on a line of its own
+            print(file=sys.stderr)
+        raise
     if terminal:
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     took = time.perf_counter() - began
     # The files first, the report after: a reader that stops reading stdout (`| head`)
     # must not cost the lists asked for (QA58: a broken pipe, and neither was written).
-    unlisted = []
+    unlisted, unwritten = [], []
+
+    def write(path: Path, text: str) -> bool:
+        # A list that cannot be written must not cost the report of a long run: said
+        # after it, exit status 1 (QA58: the error alone, the report never printed).
+        try:
+            _write_whole(path, text)
+        except CliError as exc:
+            unwritten.append(str(exc))
+            return False
+        return True
+
+    wrote_good = wrote_json = False
     if args.good_list is not None:
         rows = io.StringIO(newline="")
         writer = csv.writer(rows)
@@ -524,14 +541,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 writer.writerow((path, index.label(i)))
             else:  # a CSV list is UTF-8 (QA: a traceback, and a list cut at this row)
                 unlisted.append(path)
-        _write_whole(args.good_list, rows.getvalue())
+        wrote_good = write(args.good_list, rows.getvalue())
     if args.json is not None:
-        _write_whole(args.json, json.dumps([dataclasses.asdict(b) for b in bad], indent=1))
+        listed = json.dumps([dataclasses.asdict(b) for b in bad], indent=1)
+        wrote_json = write(args.json, listed)
     files = "file" if total == 1 else "files"
     print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
+    folder = index if isinstance(index, gpu_loader.sources.ImageFolder) else None
+    if folder is not None and (other := folder.passed_over):
+        count = sum(other.values())
+        kinds = ", ".join(f"{ext or '(no extension)'} {n:,}" for ext, n in other.items())
+        print(
+            f"passed over {count:,} {'file' if count == 1 else 'files'} in the class folders, "
+            f"which the loader does not read either: {kinds} (it reads "
+            f"{' '.join(folder.extensions)}; to check others, list them in a CSV: path,label)"
+        )
     for b in bad:
         print(f"  {shown_key(b.key)}: {b.stage}: {b.error}")
-    if args.good_list is not None:
+    if wrote_good:
         usable = "(gpu-loader demo --data takes it)" if good else "(no good sample: header only)"
         print(f"good samples written to {args.good_list} {usable}")
     if unlisted:
@@ -542,8 +569,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         for path in unlisted:
             print(f"  {path!r}")
-    if args.json is not None:
+    if wrote_json:
         print(f"bad files written to {args.json}")
+    if unwritten:
+        raise CliError("; ".join(unwritten), EXIT_FAILED)
     return 1 if bad or unlisted else 0
 
 

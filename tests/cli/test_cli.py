@@ -637,3 +637,66 @@ def test_verify_refuses_one_file_for_both_lists(tiny: Path, tmp_path: Path) -> N
     result = run("verify", "--data", str(tiny), "--good-list", same, "--json", same, cache=tmp_path)
     assert result.returncode == 2 and "name one file" in result.stderr
     assert not Path(same).exists()
+
+
+def test_verify_names_the_files_the_folder_passes_over(tiny: Path, tmp_path: Path) -> None:
+    # QA58: a .gif in a class folder was left out without a word, so "checked 40 files"
+    # read as if every file had been.
+    import shutil
+
+    data = shutil.copytree(tiny, tmp_path / "data")
+    (data / "class_00" / "anim.gif").write_bytes(b"GIF89a")
+    (data / "class_01" / "notes.txt").write_bytes(b"notes")
+    (data / "class_01" / "more.txt").write_bytes(b"notes")
+    result = run("verify", "--data", str(data), cache=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "checked 40 files" in result.stdout
+    assert re.search(
+        r"passed over 3 files in the class folders.*: \.gif 1, \.txt 2 \(it reads \.jpg",
+        result.stdout,
+    )
+    clean = run("verify", "--data", str(tiny), cache=tmp_path)
+    assert "passed over" not in clean.stdout
+
+
+def test_verify_prints_its_report_when_a_list_cannot_be_written(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # QA58: a --good-list that failed to write ended the run with that error alone: the
+    # report of a long verify was lost, and its status 1 read as "a file is bad".
+    from gpu_loader import cli
+
+    good_list, bad_json = tmp_path / "good.csv", tmp_path / "bad.json"
+    real = cli._write_whole
+
+    def disk_full(path: Path, text: str) -> None:
+        if path == good_list:
+            raise cli.CliError(f"cannot write {path}: No space left on device", cli.EXIT_FAILED)
+        real(path, text)
+
+    monkeypatch.setattr(cli, "_write_whole", disk_full)
+    args = ["verify", "--data", str(tiny), "--good-list", str(good_list), "--json", str(bad_json)]
+    assert cli.main(args) == cli.EXIT_FAILED
+    out, err = capsys.readouterr()
+    assert "checked 40 files" in out and "40 good, 0 bad" in out
+    assert "good samples written" not in out and f"bad files written to {bad_json}" in out
+    assert json.loads(bad_json.read_text()) == []
+    assert f"cannot write {good_list}: No space left on device" in err
+
+
+def test_verify_interrupted_on_a_terminal_ends_the_progress_line_first(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # QA58: "interrupted" was written onto the redrawn progress line's own line.
+    from gpu_loader import cli, inspect
+    from gpu_loader.monitor import _progress
+
+    def interrupted(index: Any, *, threads: Any, report: Any) -> Any:
+        report(3, 1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect, "verify", interrupted)
+    monkeypatch.setattr(_progress, "is_terminal", lambda stream: True)
+    assert cli.main(["verify", "--data", str(tiny)]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("\r4 of 40 checked, 1 bad\ngpu-loader verify: interrupted\n"), repr(err)
