@@ -660,6 +660,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:
+        # Started with stderr closed (`2>&-`): print(file=None) writes to stdout, so every
+        # progress line and error would land in the report or a `--json /dev/stdout`
+        # (QA58). Said nowhere instead, as a closed stderr asks.
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the parser whose options they were meant for

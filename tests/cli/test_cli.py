@@ -700,3 +700,14 @@ def test_verify_interrupted_on_a_terminal_ends_the_progress_line_first(
     assert cli.main(["verify", "--data", str(tiny)]) == 130
     err = capsys.readouterr().err
     assert err.endswith("\r4 of 40 checked, 1 bad\ngpu-loader verify: interrupted\n"), repr(err)
+
+
+def test_with_stderr_closed_nothing_meant_for_it_lands_on_stdout(tmp_path: Path) -> None:
+    # QA58: with stderr closed (`2>&-`) Python's sys.stderr is None, and print(file=None)
+    # writes to stdout: errors and progress lines went into the report.
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpu_loader.cli"]
+    shell = " ".join([*command, "verify", "--data", str(tmp_path / "nowhere"), "2>&-"])
+    result = subprocess.run(
+        ["bash", "-c", f"{shell}; echo rc=$?"], capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout == "rc=2\n", result.stdout
