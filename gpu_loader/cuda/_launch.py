@@ -1,8 +1,7 @@
 """Launch planning for the fused kernel, shared by the CUDA and the CPU-emulation launchers.
 
 Everything here is plain NumPy and pure logic: validate the per-sample values, pack
-them into the 48-byte records ``kernels/fused_resize.cu`` reads (``SAMPLE_DTYPE``, the
-filter code included),
+them into the 48-byte records ``kernels/fused_resize.cu`` reads (``SAMPLE_DTYPE``),
 turn mean/std into the kernel's scale/shift, and compute grid and block. Both
 launchers call :func:`plan_fused` and differ only in how they hand the plan to a
 kernel, so this logic is tested on machines without a GPU.
@@ -20,19 +19,27 @@ import numpy.typing as npt
 OutputDtype = Literal["float32", "float16", "bfloat16", "uint8"]
 OUTPUT_DTYPES: tuple[OutputDtype, ...] = get_args(OutputDtype)
 
-# The kernel's extern "C" entry point per output dtype.
-KERNEL_NAMES: dict[OutputDtype, str] = {
-    "float32": "fused_resize_f32",
-    "float16": "fused_resize_f16",
-    "bfloat16": "fused_resize_bf16",
-    "uint8": "fused_resize_u8",
+# The filters the kernel has: the transforms' `interpolation` values
+# (gpu_loader.ops.INTERPOLATIONS), each its own entry points.
+INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic")
+
+# The kernel's extern "C" entry point per (interpolation, output dtype).
+KERNEL_NAMES: dict[tuple[str, OutputDtype], str] = {
+    ("bilinear", "float32"): "fused_resize_f32",
+    ("bilinear", "float16"): "fused_resize_f16",
+    ("bilinear", "bfloat16"): "fused_resize_bf16",
+    ("bilinear", "uint8"): "fused_resize_u8",
+    ("bicubic", "float32"): "fused_resize_bicubic_f32",
+    ("bicubic", "float16"): "fused_resize_bicubic_f16",
+    ("bicubic", "bfloat16"): "fused_resize_bicubic_bf16",
+    ("bicubic", "uint8"): "fused_resize_bicubic_u8",
 }
 
 # Bytes per output element, to size output buffers.
 ITEM_SIZES: dict[OutputDtype, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 
 # 32 threads along a row keep the output stores of a warp contiguous (coalesced);
-# 8 rows give 256 threads per block (at ~48 registers a thread, 5 blocks fit an SM).
+# 8 rows give 256 threads per block (at 46-48 registers a thread, 5 blocks fit an SM).
 BLOCK: tuple[int, int, int] = (32, 8, 1)
 
 # CUDA's limit on gridDim.y and gridDim.z; the batch is laid along z.
@@ -52,17 +59,13 @@ SAMPLE_DTYPE = np.dtype(
             "box_height",
             "box_width",
             "flip",
-            "filter",
+            "reserved",
         ],
         "formats": ["<u8", "<i8", "<i4", "<i4", "<f4", "<f4", "<f4", "<f4", "<i4", "<i4"],
         "offsets": [0, 8, 16, 20, 24, 28, 32, 36, 40, 44],
         "itemsize": 48,
     }
 )
-
-# The kernel's filter code per interpolation (`FusedSample.filter`); the same names as
-# the transforms' `interpolation` (gpu_loader.ops.INTERPOLATIONS).
-FILTER_CODES: dict[str, int] = {"bilinear": 0, "bicubic": 1}
 
 # Float round-off past the image edge that is accepted and clamped away, in pixels: the
 # same tolerance as the CPU path (gpu_loader.ops), so both accept the same boxes.
@@ -151,15 +154,12 @@ def pack_samples(
     images: Sequence[ImageRef],
     boxes: npt.ArrayLike,
     flips: npt.ArrayLike,
-    interpolation: str = "bilinear",
 ) -> npt.NDArray[np.void]:
     """Validate the per-sample values and pack them into SAMPLE_DTYPE records.
 
     ``boxes`` is ``[N, 4]`` (top, left, height, width) in source pixels, fractional
-    allowed, inside the image; ``flips`` is ``[N]`` bools; ``interpolation`` is one of
-    FILTER_CODES, for every sample.
+    allowed, inside the image; ``flips`` is ``[N]`` bools.
     """
-    code = filter_code(interpolation)
     n = len(images)
     box = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) if n else np.zeros((0, 4))
     flip = np.asarray(flips, dtype=bool).reshape(-1) if n else np.zeros((0,), dtype=bool)
@@ -171,17 +171,8 @@ def pack_samples(
     for i, image in enumerate(images):
         _check_image(i, image)
         clamped = _check_box(i, box[i], image[1], image[2])
-        records[i] = (image[0], image[3], image[1], image[2], *clamped, int(flip[i]), code)
+        records[i] = (image[0], image[3], image[1], image[2], *clamped, int(flip[i]), 0)
     return records
-
-
-def filter_code(interpolation: str) -> int:
-    """The kernel's code for ``interpolation`` ("bilinear" or "bicubic")."""
-    if interpolation not in FILTER_CODES:
-        raise ValueError(
-            f"`interpolation` must be one of {list(FILTER_CODES)}, got {interpolation!r}"
-        )
-    return FILTER_CODES[interpolation]
 
 
 def plan_fused(
@@ -195,16 +186,23 @@ def plan_fused(
     dtype: OutputDtype,
     interpolation: str = "bilinear",
 ) -> FusedPlan:
-    """Validate and pack one batch: the single source of truth for both launchers."""
-    if dtype not in KERNEL_NAMES:
+    """Validate and pack one batch: the single source of truth for both launchers.
+
+    ``interpolation`` ("bilinear" or "bicubic") picks the kernel's entry point.
+    """
+    if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"`dtype` must be one of {list(OUTPUT_DTYPES)}, got {dtype!r}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"`interpolation` must be one of {list(INTERPOLATIONS)}, got {interpolation!r}"
+        )
     grid, block = launch_shape(len(images), out_h, out_w)
     scale, shift = normalization(mean, std, dtype)
     return FusedPlan(
-        kernel_name=KERNEL_NAMES[dtype],
+        kernel_name=KERNEL_NAMES[(interpolation, dtype)],
         grid=grid,
         block=block,
-        samples=pack_samples(images, boxes, flips, interpolation),
+        samples=pack_samples(images, boxes, flips),
         out_h=out_h,
         out_w=out_w,
         scale=scale,

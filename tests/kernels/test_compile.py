@@ -49,6 +49,32 @@ def test_nvcc_compiles_for_sm80_and_sm90(source: str, tmp_path: Path) -> None:
     assert (tmp_path / "k.fatbin").stat().st_size > 0
 
 
+# 5 blocks of BLOCK's 256 threads fit an SM's 65,536 registers at 48 a thread or fewer
+# (registers go to a warp in units of 256: 49-56 a thread cost as much as 56, 4 blocks).
+MAX_REGISTERS = 48
+
+
+@pytest.mark.parametrize("arch", ["80", "90"])
+def test_every_entry_point_keeps_to_the_register_budget(arch: str, tmp_path: Path) -> None:
+    # QA59: the filter chosen at run time inside one kernel took 54 registers, so 4 blocks
+    # an SM instead of 5, for bilinear users too; each filter now has its own entry points.
+    nvcc = nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed (looked on PATH and in /usr/local/cuda/bin)")
+    cmd = [
+        nvcc, "--cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", *NVRTC_OPTIONS,
+        "-Xptxas", "-v", str(KERNEL_DIR / "fused_resize.cu"), "-o", str(tmp_path / "k.cubin"),
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    used = dict(
+        re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", result.stderr, re.S)
+    )
+    assert set(used) == set(KERNEL_NAMES.values()), sorted(used)
+    over = {name: int(n) for name, n in used.items() if int(n) > MAX_REGISTERS}
+    assert not over, f"sm_{arch}: over {MAX_REGISTERS} registers a thread: {over}"
+
+
 def _nvrtc():  # type: ignore[no-untyped-def]
     try:
         from cupy_backends.cuda.libs import nvrtc

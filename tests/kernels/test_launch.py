@@ -9,15 +9,16 @@ from hypothesis import strategies as st
 
 from gpu_loader.cuda._launch import (
     BLOCK,
-    FILTER_CODES,
     KERNEL_NAMES,
     MAX_GRID_YZ,
+    OUTPUT_DTYPES,
     SAMPLE_DTYPE,
     launch_shape,
     normalization,
     pack_samples,
     plan_fused,
 )
+from gpu_loader.cuda._launch import INTERPOLATIONS as KERNEL_INTERPOLATIONS
 from gpu_loader.ops._transforms import INTERPOLATIONS
 
 MEAN = (0.485, 0.456, 0.406)
@@ -91,14 +92,13 @@ def test_pack_samples_writes_every_field() -> None:
     assert records["box_height"].tolist() == [4.0, 3.0]
     assert records["box_width"].tolist() == [8.5, 1.0]
     assert records["flip"].tolist() == [1, 0]
-    assert records["filter"].tolist() == [FILTER_CODES["bilinear"]] * 2
-    bicubic = pack_samples(images, boxes, [True, False], "bicubic")
-    assert bicubic["filter"].tolist() == [FILTER_CODES["bicubic"]] * 2
+    assert records["reserved"].tolist() == [0, 0]
 
 
-def test_every_interpolation_of_the_transforms_has_a_filter_code() -> None:
-    assert tuple(FILTER_CODES) == INTERPOLATIONS
-    assert len(set(FILTER_CODES.values())) == len(FILTER_CODES)
+def test_every_interpolation_of_the_transforms_has_its_kernels() -> None:
+    assert KERNEL_INTERPOLATIONS == INTERPOLATIONS
+    assert set(KERNEL_NAMES) == {(i, d) for i in INTERPOLATIONS for d in OUTPUT_DTYPES}
+    assert len(set(KERNEL_NAMES.values())) == len(KERNEL_NAMES)
 
 
 def test_an_unknown_interpolation_is_refused() -> None:
@@ -145,9 +145,11 @@ def test_pack_samples_rejects_mismatched_lengths() -> None:
         pack_samples([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False, True])
 
 
-def test_plan_picks_the_kernel_per_dtype() -> None:
-    for dtype, name in KERNEL_NAMES.items():
-        plan = plan_fused([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False], 2, 3, MEAN, STD, dtype)
+def test_plan_picks_the_kernel_per_filter_and_dtype() -> None:
+    for (interpolation, dtype), name in KERNEL_NAMES.items():
+        plan = plan_fused(
+            [(1, 4, 4, 12)], [(0, 0, 4, 4)], [False], 2, 3, MEAN, STD, dtype, interpolation
+        )
         assert plan.kernel_name == name
         assert plan.grid == (1, 1, 1) and plan.batch_size == 1
 

@@ -162,7 +162,8 @@ def test_cuda_launcher_passes_what_the_kernel_expects(
     case = random_case(rng, dtype, n=3, label="via launch_fused", interpolation=interpolation)
     check_fused_kernel(run_host(fused.launch_fused), case)
     launches = [e[1] for e in log if e[0] == "launch"]
-    assert launches and all(name == KERNEL_NAMES[dtype] for name, _, _ in launches)
+    want = KERNEL_NAMES[(interpolation, dtype)]
+    assert launches and all(name == want for name, _, _ in launches)
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
