@@ -242,10 +242,12 @@ class TimedDecoder:
         self.inner = inner
         self.calls_s = calls_s
 
-    def decode(self, blobs: Sequence[memoryview], stream: Any) -> list[Any]:
+    def decode(
+        self, blobs: Sequence[memoryview], stream: Any, exif_orientation: bool = True
+    ) -> list[Any]:
         t0 = time.perf_counter()
         try:
-            images: list[Any] = self.inner.decode(blobs, stream)
+            images: list[Any] = self.inner.decode(blobs, stream, exif_orientation)
             return images
         finally:
             self.calls_s.append(time.perf_counter() - t0)  # list.append is thread-safe

@@ -3,7 +3,8 @@
 Two engine ops and a consumer-side call:
 
 - :class:`GpuFetcher` (the fetch stage, I/O threads): reads a sample's bytes straight into
-  a slice of the pinned arena, reads the JPEG header (``probe_size``, EXIF-oriented) and
+  a slice of the pinned arena, reads the JPEG header (``probe_size``, EXIF-oriented unless
+  the transform has ``exif_orientation=False``) and
   draws the crop parameters there, on the CPU, from ``sample_stream(seed, epoch, index)``
   (``sample_rng``'s stream).
   Input that is not a JPEG (PNG, WebP, ...) is decoded right there on the CPU: the
@@ -422,9 +423,11 @@ class GpuBatchStage:
         if not which:
             return out
         try:
-            results = state.decoder.decode(
-                [samples[i].data for i in which], state.stream, self.transform.exif_orientation
-            )
+            blobs = [samples[i].data for i in which]
+            if self.transform.exif_orientation:
+                results = state.decoder.decode(blobs, state.stream)
+            else:  # by keyword and only then: a decoder written without it keeps working
+                results = state.decoder.decode(blobs, state.stream, exif_orientation=False)
         except Exception as exc:  # the whole call failed: every sample tries the CPU decoder
             # Said, not silent (QA: device memory running out under nvImageCodec's own
             # allocations, or a sticky CUDA error, sent every later batch to the CPU

@@ -74,7 +74,9 @@ class BatchDecoder(Protocol):
         """One entry per blob, None where the image could not be decoded (never raises per image).
 
         Images are turned upright by their EXIF orientation, unless ``exif_orientation`` is
-        False (pixels as stored, the transforms' ``exif_orientation=False``).
+        False (pixels as stored, the transforms' ``exif_orientation=False``). The stage
+        passes it by keyword, and only when False: a decoder written without the
+        parameter still serves every transform that keeps the default.
 
         The decoder may read ``blobs`` until ``stream`` has passed the decode: the caller
         records an event after this call and keeps the bytes until it has fired.

@@ -66,3 +66,42 @@ def test_timed_ports_time_every_decode_call_and_pass_results_through() -> None:
     runtime.record_event(stream).synchronize()
     assert len(calls) == 2 and all(c > 0 for c in calls)
     assert ports.runtime is runtime  # only the decoder factory is replaced
+
+
+@pytest.mark.parametrize("exif_orientation", [True, False])
+def test_the_stage_decodes_through_the_timed_decoder(exif_orientation: bool) -> None:
+    # QA59: the stage passed a third argument that TimedDecoder.decode did not take; the
+    # TypeError sent every batch to the CPU decoder, and the sweep timed that instead.
+    from gpu_loader.benchmarks.gpu_profile import timed_ports
+
+    from gpu_loader.cuda import standin_ports
+    from gpu_loader.cuda._arena import PinnedArena
+    from gpu_loader.cuda._gpu_stage import GpuBatchStage, GpuFetcher, handoff
+    from gpu_loader.cuda._standin_device import StandinRuntime
+    from gpu_loader.ops import TrainTransform
+    from gpu_loader.sources import FileList
+    from tests.cuda.conftest import sample_files
+
+    files = sample_files()
+    names = ["a.jpg", "c.jpg", "exif6.jpg"]
+    source = FileList([(f"memory://timed/{n}", 0) for n in names])
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for name in names:
+        fs.pipe_file(f"/timed/{name}", files[name])
+    runtime = StandinRuntime()
+    calls: list[float] = []
+    transform = TrainTransform(32, exif_orientation=exif_orientation)
+    stage = GpuBatchStage(timed_ports(standin_ports(runtime), calls), transform, source.labels)
+    cpu_decodes: list[str] = []
+    fallback = stage._fallback
+    stage._fallback = lambda sample, stream: (  # type: ignore[method-assign]
+        cpu_decodes.append(sample.key) or fallback(sample, stream)
+    )
+    arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
+    fetch = GpuFetcher(source, arena, transform, seed=0, epoch=0)
+    batch = stage([fetch.fetch(i, i) for i in range(len(names))], stage.worker_init())
+    handoff(batch)
+    assert batch.failed == [] and len(batch.positions) == len(names)
+    assert len(calls) == 1 and cpu_decodes == []

@@ -240,7 +240,7 @@ def test_a_decode_call_that_raises_sends_its_batch_to_the_cpu_and_says_so(
     arena = PinnedArena(1 << 20, allocator=runtime.alloc_pinned)
     state = stage.worker_init()
 
-    def broken(blobs: object, stream: object, exif_orientation: bool = True) -> list[object]:
+    def broken(blobs: object, stream: object) -> list[object]:
         raise RuntimeError("out of device memory")
 
     state.decoder.decode = broken  # type: ignore[method-assign]
@@ -271,8 +271,9 @@ def test_the_cpu_fallback_keeps_the_fetch_crop_and_catches_a_wrong_geometry(
     real = state.decoder.decode
     swapped: list[tuple[int, int]] = []
 
-    def tampered(blobs: object, stream: object, exif_orientation: bool = True) -> list[object]:
-        out = list(real(blobs, stream, exif_orientation))
+    # Written without `exif_orientation`, as a decoder may be: the default still calls it.
+    def tampered(blobs: object, stream: object) -> list[object]:
+        out = list(real(blobs, stream))
         first, second = [i for i, image in enumerate(out) if image is not None][:2]
         assert (out[first].height, out[first].width) != (out[second].height, out[second].width)
         out[first], out[second] = None, out[first]

@@ -465,8 +465,8 @@ def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def decode(self, data: Any, stream: Any, exif_orientation: bool = True) -> list[Any]:
-            return list(self.inner.decode(data, stream, exif_orientation))[:-1]
+        def decode(self, data: Any, stream: Any) -> list[Any]:
+            return list(self.inner.decode(data, stream))[:-1]
 
     dropping = dataclasses.replace(ports, make_decoder=Dropping)
     reference = make(unique_list, transform=EvalTransform(SIZE), shuffle=False)
