@@ -219,6 +219,23 @@ class PinnedArena:
             self._live -= 1
             self._cond.notify_all()
 
+    def shrink(self, piece: Slice, nbytes: int) -> None:
+        """Give back the bytes of ``piece`` past its first ``nbytes`` (rounded up to
+        ALIGN): for a slice sized by a guess, once the read has said what it needed."""
+        keep = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        with self._cond:
+            if piece.released:
+                raise ValueError(f"arena slice at offset {piece.offset} was already released")
+            if keep >= piece.capacity or piece.generation != self._generation:
+                return
+            tail = piece.capacity - keep
+            if self._poison:
+                piece.buffer[keep:].fill(0xEE)
+            self._give(piece.offset + keep, tail)
+            self._in_use -= tail
+            piece.capacity, piece.buffer = keep, piece.buffer[:keep]
+            self._cond.notify_all()
+
     def reset(self) -> int:
         """Reclaim every slice still out; returns how many there were.
 
@@ -254,15 +271,20 @@ class PinnedArena:
     ) -> tuple[Slice, memoryview]:
         """Read sample ``index`` straight into a slice; returns the slice and its bytes.
 
-        The slice is sized from ``source.nbytes`` when known, else ``guess``; a file that
+        The slice is sized from ``source.nbytes`` when known, else ``guess`` (at most a
+        sixteenth of the arena); a file that
         turns out larger is retried once with its exact size (from the bytes the failed
         read already holds, where it had to read them whole: a remote file is not
-        downloaded twice). The slice is released if the read fails.
+        downloaded twice), and the rest of a guessed slice is given back once the read
+        has said how much it needed (else every sample of unknown size, a `FileList` of
+        URLs, held ``guess`` bytes in flight). The slice is released if the read fails.
         """
         known = source.nbytes(index)
         if known is not None:
             check_size(key, known)  # the byte limit first: not after waiting for room
-        want = known if known is not None else min(guess, self.capacity)
+        # A guess is at most a sixteenth of the arena: a guess as large as the arena
+        # waits until every other slice is back, however small the files.
+        want = known if known is not None else min(guess, max(ALIGN, self.capacity // 16))
         read: bytes | None = None
         for _ in range(2):
             piece = self.acquire(max(want, 1), timeout=timeout, stop_event=stop_event, key=key)
@@ -281,6 +303,8 @@ class PinnedArena:
             except BaseException:
                 self.release(piece)
                 raise
+            if known is None:
+                self.shrink(piece, count)
             return piece, piece.view[:count]
         raise RuntimeError(f"sample {key!r} grew while it was being read; it changed on disk")
 

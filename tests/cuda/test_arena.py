@@ -311,3 +311,39 @@ def test_a_remote_file_larger_than_the_guess_is_downloaded_once(
         piece.release()
     finally:
         fs.rm("/arena-once", recursive=True)
+
+
+def test_a_guessed_slice_gives_back_what_its_read_did_not_need(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A sample of unknown size (a FileList of URLs) is read into a slice of `guess`
+    # bytes; the slice held them all until its batch was decoded, so an arena four
+    # guesses large held four samples in flight however small they were (QA59's test
+    # hung on a 1 MiB arena with the default 1 MiB guess).
+    payloads = [bytes([i]) * (300 + 100 * i) for i in range(6)]
+    for i, payload in enumerate(payloads):
+        (tmp_path / f"{i}.bin").write_bytes(payload)
+    source = _NoSizes([(tmp_path / f"{i}.bin", 0) for i in range(6)])
+    arena = PinnedArena(16 * ALIGN, poison=True)
+    held = [arena.fetch(source, i, key=f"{i}.bin", guess=4 * ALIGN, timeout=1) for i in range(6)]
+    for (piece, data), payload in zip(held, payloads, strict=True):
+        assert bytes(data) == payload and piece.capacity == -(-len(payload) // ALIGN) * ALIGN
+    stats = arena.stats()
+    assert stats.live_slices == 6 and stats.in_use == sum(p.capacity for p, _ in held)
+    for piece, _ in held:
+        piece.release()
+    stats = arena.stats()
+    assert stats.in_use == 0 and arena.acquire(16 * ALIGN, timeout=0).capacity == 16 * ALIGN
+
+
+def test_a_guess_never_asks_for_the_whole_arena(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The default guess (1 MiB) in a 1 MiB arena asked for all of it: the second sample
+    # of unknown size waited until the first was released.
+    payload = bytes(range(256)) * 300  # 76,800 bytes: more than 1 MiB / 16, so a retry
+    for i in range(3):
+        (tmp_path / f"{i}.bin").write_bytes(payload)
+    source = _NoSizes([(tmp_path / f"{i}.bin", 0) for i in range(3)])
+    arena = PinnedArena(1 << 20)
+    held = [arena.fetch(source, i, key=f"{i}.bin", timeout=1) for i in range(3)]
+    assert all(bytes(data) == payload for _, data in held)
+    assert arena.stats().waits == 0 and arena.stats().live_slices == 3
+    for piece, _ in held:
+        piece.release()
