@@ -208,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read and decode every image of the data at full size with the CPU "
         "decoders, print each file that fails with its key and error, and optionally "
         "write the good ones as a CSV list the loader takes. Exit status 1 when a file "
-        "is bad, or when a good one cannot be listed in --good-list (a name that is not "
-        "UTF-8, which a CSV cannot hold: it is left out and named). Worth running before "
+        "is bad, when a good one cannot be listed in --good-list (a name that is not "
+        "UTF-8, which a CSV cannot hold: it is left out and named), or when --good-list "
+        "or --json cannot be written (named after the report). Worth running before "
         "training on the GPU path, which may deliver a JPEG with damaged compressed data "
         "instead of reporting it.",
     )
