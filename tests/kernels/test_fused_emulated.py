@@ -96,6 +96,21 @@ def test_edge_geometries(
     check_fused_kernel(RUN, case)
 
 
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+def test_a_small_box_far_from_the_origin_keeps_float32_precision(interpolation: str) -> None:
+    # QA59: at x = 20,000 float32 steps by 0.002, so a few-pixel box blown up to 200
+    # columns came out up to 0.6 levels off; the planner now moves each record's origin
+    # next to its box (in float64), and the result is as close as near the origin.
+    rng = np.random.default_rng(20)
+    image = (rng.integers(0, 2, (4, 20_000, 3), dtype=np.uint8) * 255).reshape(4, 60_000)
+    boxes = np.array([[0.0, 19_990.3, 4.0, 2.7], [1.5, 12_345.67, 2.25, 5.1]])
+    case = Case(
+        [np.ascontiguousarray(image)] * 2, [20_000] * 2, boxes, np.array([False, True]),
+        4, 200, "float32", label="far from the origin", interpolation=interpolation,
+    )  # fmt: skip
+    check_fused_kernel(RUN, case)
+
+
 def test_single_pixel_source_fills_the_output() -> None:
     rng = np.random.default_rng(3)
     case = random_case(rng, "uint8", n=1, sizes=[(1, 1)])

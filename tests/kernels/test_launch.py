@@ -106,6 +106,25 @@ def test_an_unknown_interpolation_is_refused() -> None:
         plan_fused([(1, 4, 4, 12)], [(0, 0, 4, 4)], [False], 2, 3, MEAN, STD, "float32", "lanczos")
 
 
+def test_plan_moves_each_origin_next_to_its_box() -> None:
+    # The same pixels, addressed from a whole-pixel origin before what the filter reads
+    # (the bicubic support, 2 output-pixel widths here, and one more), in float64.
+    image = (0x10000, 100, 3000, 9024)  # pointer, height, width, pitch (padded rows)
+    plan = plan_fused(
+        [image, image], [(50.25, 2500.5, 20.0, 60.0), (0.5, 1.0, 10.0, 10.0)], [False, True],
+        10, 20, MEAN, STD, "float32",
+    )  # fmt: skip
+    far, near = plan.samples
+    oy, ox = 50 - 4 - 1, 2500 - 6 - 1  # floor(start - 2 * max(size / out, 1)) - 1
+    assert far["src"] == 0x10000 + oy * 9024 + 3 * ox
+    assert (far["height"], far["width"], far["pitch"]) == (100 - oy, 3000 - ox, 9024)
+    assert (far["box_top"], far["box_left"]) == (50.25 - oy, 2500.5 - ox)
+    assert (far["box_height"], far["box_width"]) == (20.0, 60.0)
+    # Near the origin there is no room before the box: the record is as given.
+    assert near["src"] == 0x10000 and (near["height"], near["width"]) == (100, 3000)
+    assert (near["box_top"], near["box_left"], near["flip"]) == (0.5, 1.0, 1)
+
+
 def test_pack_samples_empty_batch() -> None:
     assert pack_samples([], [], []).shape == (0,)
 
