@@ -247,7 +247,9 @@ class TimedDecoder:
     ) -> list[Any]:
         t0 = time.perf_counter()
         try:
-            images: list[Any] = self.inner.decode(blobs, stream, exif_orientation)
+            # As the stage passes it: by keyword, and only when not the default.
+            flag = {} if exif_orientation else {"exif_orientation": False}
+            images: list[Any] = self.inner.decode(blobs, stream, **flag)
             return images
         finally:
             self.calls_s.append(time.perf_counter() - t0)  # list.append is thread-safe

@@ -348,6 +348,12 @@ class WorkerPool:
             self._idle.clear()
 
 
+def unless_default(name: str, value: object, default: object) -> dict[str, Any]:
+    """``{name: value}`` to pass as a keyword, or nothing where ``value`` is the default:
+    a port written before the parameter was added keeps serving the default."""
+    return {} if value == default else {name: value}
+
+
 def _drain(pending: collections.deque[tuple[Event, list[object]]]) -> None:
     # Runs when a worker's state is dropped: its last kernels may still read the images.
     while pending:
@@ -423,11 +429,11 @@ class GpuBatchStage:
         if not which:
             return out
         try:
-            blobs = [samples[i].data for i in which]
-            if self.transform.exif_orientation:
-                results = state.decoder.decode(blobs, state.stream)
-            else:  # by keyword and only then: a decoder written without it keeps working
-                results = state.decoder.decode(blobs, state.stream, exif_orientation=False)
+            results = state.decoder.decode(
+                [samples[i].data for i in which],
+                state.stream,
+                **unless_default("exif_orientation", self.transform.exif_orientation, True),
+            )
         except Exception as exc:  # the whole call failed: every sample tries the CPU decoder
             # Said, not silent (QA: device memory running out under nvImageCodec's own
             # allocations, or a sticky CUDA error, sent every later batch to the CPU
@@ -531,7 +537,7 @@ class GpuBatchStage:
                 self.transform.std,
                 self.dtype,
                 stream,
-                self.transform.interpolation,
+                **unless_default("interpolation", self.transform.interpolation, "bilinear"),
             )
         labels = runtime.upload_labels(self.labels[[s.index for s in done]], stream)
         return GpuBatch(

@@ -101,7 +101,11 @@ class KernelLauncher(Protocol):
         dtype: OutputDtype,
         stream: Any,
         interpolation: str = "bilinear",
-    ) -> None: ...
+    ) -> None:
+        """``interpolation`` is "bilinear" or "bicubic"; the stage passes it by keyword,
+        and only when not "bilinear": a launcher written without the parameter still
+        serves every transform that keeps the default."""
+        ...
 
 
 @runtime_checkable

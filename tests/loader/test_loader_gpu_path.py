@@ -7,6 +7,7 @@ runtime, which records any ordering violation).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import Counter
@@ -275,6 +276,37 @@ def test_bicubic_runs_on_the_gpu_path_and_auto_keeps_it_there(unique_list: FileL
     assert sharp._gpu_decode_chosen()
 
 
+def test_ports_written_before_the_new_keywords_still_serve_the_defaults(
+    unique_list: FileList,
+) -> None:
+    # QA61: the stage passed `interpolation` positionally, so a launcher written to the
+    # port before bicubic failed every batch, bilinear too. Both new flags now go by
+    # keyword, and only when not the default.
+    ports = standin_ports()
+
+    class OldLauncher:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def launch(self, images: Any, boxes: Any, flips: Any, out_ptr: int, out_h: int,
+                   out_w: int, mean: Any, std: Any, dtype: Any, stream: Any) -> None:  # fmt: skip
+            self.inner.launch(images, boxes, flips, out_ptr, out_h, out_w, mean, std, dtype, stream)
+
+    class OldDecoder:
+        def __init__(self) -> None:
+            self.inner = ports.make_decoder()
+
+        def decode(self, blobs: Any, stream: Any) -> list[Any]:
+            return list(self.inner.decode(blobs, stream))
+
+    old = dataclasses.replace(ports, launcher=OldLauncher(ports.launcher), make_decoder=OldDecoder)
+    loader = make(unique_list, old, transform=EvalTransform(SIZE), shuffle=False)
+    reference = make(unique_list, transform=EvalTransform(SIZE), shuffle=False)
+    for (x, y), (xr, yr) in zip(loader, reference, strict=True):
+        assert torch.equal(y, yr) and torch.equal(x, xr)
+    assert loader.failed_samples() == []
+
+
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
     # Refused as the loader is made, not at its first batch (QA).
     with pytest.raises(ValueError, match="decode_on='gpu'"):
@@ -453,8 +485,6 @@ def test_a_decoder_that_drops_failed_entries_sends_its_batch_to_the_cpu(
 ) -> None:
     # nvImageCodec before 0.9 left failed images out of its result list instead of a None
     # in their place: no image could be matched to its sample, and the batch failed.
-    import dataclasses
-
     ports = standin_ports()
     make_decoder = ports.make_decoder
 
