@@ -48,7 +48,7 @@ class Slice:
     offset: int
     """Start in the arena, in bytes."""
     capacity: int
-    """Bytes reserved (the request rounded up to ALIGN)."""
+    """Bytes reserved (the request rounded up to ALIGN; less after `PinnedArena.shrink`)."""
     buffer: np.ndarray = field(repr=False)
     """The reserved bytes, a uint8 view into the arena."""
     arena: PinnedArena = field(repr=False)

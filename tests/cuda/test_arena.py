@@ -318,20 +318,23 @@ def test_a_guessed_slice_gives_back_what_its_read_did_not_need(tmp_path) -> None
     # bytes; the slice held them all until its batch was decoded, so an arena four
     # guesses large held four samples in flight however small they were (QA59's test
     # hung on a 1 MiB arena with the default 1 MiB guess).
-    payloads = [bytes([i]) * (300 + 100 * i) for i in range(6)]
+    # Every file fits the guess (no retry): each read is into a slice of 4 * ALIGN, and
+    # 20 of them (20,000 bytes) fit the 64 * ALIGN arena (16,384) only if given back.
+    payloads = [bytes([i]) * (300 + 35 * i) for i in range(20)]
     for i, payload in enumerate(payloads):
         (tmp_path / f"{i}.bin").write_bytes(payload)
-    source = _NoSizes([(tmp_path / f"{i}.bin", 0) for i in range(6)])
-    arena = PinnedArena(16 * ALIGN, poison=True)
-    held = [arena.fetch(source, i, key=f"{i}.bin", guess=4 * ALIGN, timeout=1) for i in range(6)]
+    source = _NoSizes([(tmp_path / f"{i}.bin", 0) for i in range(20)])
+    arena = PinnedArena(64 * ALIGN, poison=True)
+    held = [arena.fetch(source, i, key=f"{i}.bin", guess=4 * ALIGN, timeout=1) for i in range(20)]
     for (piece, data), payload in zip(held, payloads, strict=True):
         assert bytes(data) == payload and piece.capacity == -(-len(payload) // ALIGN) * ALIGN
     stats = arena.stats()
-    assert stats.live_slices == 6 and stats.in_use == sum(p.capacity for p, _ in held)
+    assert stats.acquires == 20 and stats.waits == 0  # one read each, none waited
+    assert stats.live_slices == 20 and stats.in_use == sum(p.capacity for p, _ in held)
     for piece, _ in held:
         piece.release()
     stats = arena.stats()
-    assert stats.in_use == 0 and arena.acquire(16 * ALIGN, timeout=0).capacity == 16 * ALIGN
+    assert stats.in_use == 0 and arena.acquire(64 * ALIGN, timeout=0).capacity == 64 * ALIGN
 
 
 def test_a_guess_never_asks_for_the_whole_arena(tmp_path) -> None:  # type: ignore[no-untyped-def]
