@@ -20,12 +20,14 @@
 
 // Per-sample parameters, one 48-byte record per image, packed on the host by
 // gpu_loader/cuda/_launch.py (SAMPLE_DTYPE mirrors this layout; a test compares them).
+// The planner may move the origin (src, height, width and the box together) to whole
+// pixels just before what the box's filter reads; the fields describe that view.
 struct FusedSample {
-    unsigned long long src;  // device pointer to HWC uint8 RGB pixels
+    unsigned long long src;  // device pointer to HWC uint8 RGB pixels (the view's first)
     long long pitch;         // bytes from one source row to the next
-    int height;              // source rows
-    int width;               // source columns
-    float box_top;           // crop box in source pixels; fractional allowed
+    int height;              // rows from src to the image's last
+    int width;               // columns from src to the image's last
+    float box_top;           // crop box in pixels from src; fractional allowed
     float box_left;
     float box_height;
     float box_width;
@@ -122,7 +124,7 @@ __device__ __forceinline__ void gl_store(unsigned char* dst, float value, float,
 }
 
 // One entry point per (output dtype, filter): a filter chosen at run time in one kernel
-// took 54 registers a thread against 47-48 for either alone (nvcc 13, sm_80/sm_90), so
+// took 54 registers a thread against 46-48 for either alone (nvcc 13, sm_80/sm_90), so
 // 4 blocks of 256 threads an SM instead of 5.
 template <typename Out, bool Cubic>
 __device__ __forceinline__ void gl_fused_resize(const FusedSample* __restrict__ samples,
@@ -194,17 +196,21 @@ __device__ __forceinline__ void gl_fused_resize(const FusedSample* __restrict__ 
                                     shift1, shift2, out);                                   \
     }
 
-GL_FUSED_KERNEL(fused_resize_f32, float, false)
-GL_FUSED_KERNEL(fused_resize_f16, __half, false)
-GL_FUSED_KERNEL(fused_resize_bf16, __nv_bfloat16, false)
-GL_FUSED_KERNEL(fused_resize_u8, unsigned char, false)
-GL_FUSED_KERNEL(fused_resize_bicubic_f32, float, true)
-GL_FUSED_KERNEL(fused_resize_bicubic_f16, __half, true)
-GL_FUSED_KERNEL(fused_resize_bicubic_bf16, __nv_bfloat16, true)
-GL_FUSED_KERNEL(fused_resize_bicubic_u8, unsigned char, true)
+// The entry points, listed once: X(name, output type, bicubic).
+#define GL_FUSED_ENTRY_POINTS(X)                      \
+    X(fused_resize_f32, float, false)                 \
+    X(fused_resize_f16, __half, false)                \
+    X(fused_resize_bf16, __nv_bfloat16, false)        \
+    X(fused_resize_u8, unsigned char, false)          \
+    X(fused_resize_bicubic_f32, float, true)          \
+    X(fused_resize_bicubic_f16, __half, true)         \
+    X(fused_resize_bicubic_bf16, __nv_bfloat16, true) \
+    X(fused_resize_bicubic_u8, unsigned char, true)
+
+GL_FUSED_ENTRY_POINTS(GL_FUSED_KERNEL)
 
 #ifdef GPU_LOADER_EMULATION
-#define GL_EMULATE_FUSED(name, Out)                                                         \
+#define GL_EMULATE_FUSED(name, Out, Cubic)                                                  \
     GPU_LOADER_EMULATED_KERNEL(name,                                                        \
                                (const FusedSample* samples, int out_h, int out_w,           \
                                 float scale0, float scale1, float scale2, float shift0,     \
@@ -212,14 +218,7 @@ GL_FUSED_KERNEL(fused_resize_bicubic_u8, unsigned char, true)
                                (samples, out_h, out_w, scale0, scale1, scale2, shift0,      \
                                 shift1, shift2, out))
 
-GL_EMULATE_FUSED(fused_resize_f32, float)
-GL_EMULATE_FUSED(fused_resize_f16, __half)
-GL_EMULATE_FUSED(fused_resize_bf16, __nv_bfloat16)
-GL_EMULATE_FUSED(fused_resize_u8, unsigned char)
-GL_EMULATE_FUSED(fused_resize_bicubic_f32, float)
-GL_EMULATE_FUSED(fused_resize_bicubic_f16, __half)
-GL_EMULATE_FUSED(fused_resize_bicubic_bf16, __nv_bfloat16)
-GL_EMULATE_FUSED(fused_resize_bicubic_u8, unsigned char)
+GL_FUSED_ENTRY_POINTS(GL_EMULATE_FUSED)
 
 #include <cstddef>
 

@@ -17,12 +17,10 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
+from gpu_loader.ops._transforms import INTERPOLATIONS
+
 OutputDtype = Literal["float32", "float16", "bfloat16", "uint8"]
 OUTPUT_DTYPES: tuple[OutputDtype, ...] = get_args(OutputDtype)
-
-# The filters the kernel has: the transforms' `interpolation` values
-# (gpu_loader.ops.INTERPOLATIONS), each its own entry points.
-INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic")
 
 # The kernel's extern "C" entry point per (interpolation, output dtype).
 KERNEL_NAMES: dict[tuple[str, OutputDtype], str] = {
@@ -191,8 +189,9 @@ def rebased(
     The kernel computes in float32, whose step at 20,000 is 0.002: a small box far from
     the origin was off by up to 0.6 levels (QA59). The taps are the same either way:
     each window starts at ``int(c - support + 0.5)``, and with the origin moved by
-    ``o <= start - support - 1`` that argument stays positive, so every index moves by
-    exactly ``o`` (the bicubic support, the wider, is assumed for both filters).
+    ``o <= start - support`` that argument stays positive, so every index moves by
+    exactly ``o`` (the bicubic support, the wider, is assumed for both filters; one
+    pixel more is kept against the float32 rounding of ``c``).
     """
     ptr, height, width, pitch = image
     top, left, bh, bw = box
@@ -207,7 +206,8 @@ def rebased(
 
 
 def _origin(start: float, size: float, out: int) -> int:
-    """Whole pixels the origin can move along an axis without cutting a tap."""
+    """Whole pixels the origin can move along an axis without cutting a tap (one fewer
+    than it could: a margin for the kernel's float32 rounding)."""
     support = 2.0 * max(size / out, 1.0)
     return max(0, math.floor(start - support) - 1)
 

@@ -103,9 +103,13 @@ def test_a_small_box_far_from_the_origin_keeps_float32_precision(interpolation: 
     # next to its box (in float64), and the result is as close as near the origin.
     rng = np.random.default_rng(20)
     image = (rng.integers(0, 2, (4, 20_000, 3), dtype=np.uint8) * 255).reshape(4, 60_000)
-    boxes = np.array([[0.0, 19_990.3, 4.0, 2.7], [1.5, 12_345.67, 2.25, 5.1]])
+    # The third box shrinks 8x: the bicubic filter then reaches 16 pixels past the box,
+    # which the moved origin must keep.
+    boxes = np.array(
+        [[0.0, 19_990.3, 4.0, 2.7], [1.5, 12_345.67, 2.25, 5.1], [0.0, 15_000.3, 4.0, 1_600.0]]
+    )
     case = Case(
-        [np.ascontiguousarray(image)] * 2, [20_000] * 2, boxes, np.array([False, True]),
+        [np.ascontiguousarray(image)] * 3, [20_000] * 3, boxes, np.array([False, True, False]),
         4, 200, "float32", label="far from the origin", interpolation=interpolation,
     )  # fmt: skip
     check_fused_kernel(RUN, case)
