@@ -84,8 +84,8 @@ class ImageFolder(FileIndex):
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
         self.passed_over: dict[str, int] = dict(sorted(other.items()))
         """Files in the class folders that are not samples because their extension is not
-        in `extensions`, counted by extension (lower case; "" for none; macOS resource
-        forks, ``._x.jpg``, are not counted). `gpu-loader verify` names them: a ``.gif``
+        in `extensions`, counted by extension (lower case; "" for none; dot files, such as
+        ``.DS_Store`` and macOS resource forks ``._x.jpg``, are not counted). `gpu-loader verify` names them: a ``.gif``
         left out without a word looks like a file checked."""
         n = len(files)
         super().__init__(
@@ -172,13 +172,18 @@ def _scan_local(
                 if fname.lower().endswith(exts) and not apple_double(fname):
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
                     files.append((rel_dir + fname, label, -1))
-                elif not apple_double(fname):
+                elif not hidden(fname):
                     other[_extension(fname)] += 1
         if len(files) == before:
             empty.append(name)
     if empty and not allow_empty:
         raise _no_files(root, empty, exts)
     return classes, files
+
+
+def hidden(name: str) -> bool:
+    """A dot file (``.DS_Store``, ``._x.jpg``, ``.gitkeep``): not counted as passed over."""
+    return name.startswith(".")
 
 
 def _extension(name: str) -> str:
@@ -278,10 +283,9 @@ def _scan_fsspec(
             base = posixpath.basename(path)
             if info.get("type") != "file":
                 continue
-            if apple_double(base):
-                continue
-            if not base.lower().endswith(exts):
-                other[_extension(base)] += 1
+            if not base.lower().endswith(exts) or apple_double(base):
+                if not hidden(base):
+                    other[_extension(base)] += 1
                 continue
             if not path.startswith(folder) or (colons and "::" in path):
                 # A zip member "/Cat/x.jpg", found under Cat, whose key (root +

@@ -663,7 +663,8 @@ def test_verify_prints_its_report_when_a_list_cannot_be_written(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # QA58: a --good-list that failed to write ended the run with that error alone: the
-    # report of a long verify was lost, and its status 1 read as "a file is bad".
+    # report of a long verify was lost. (The status is still 1, as for a bad file: the
+    # error line after the report names the list.)
     from gpu_loader import cli
 
     good_list, bad_json = tmp_path / "good.csv", tmp_path / "bad.json"

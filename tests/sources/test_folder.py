@@ -151,6 +151,7 @@ def test_files_passed_over_are_counted_by_extension(
     (tree / "dog" / "anim.GIF").write_bytes(b"GIF89a")
     (tree / "bird" / "README").write_bytes(b"notes")
     (tree / "bird" / "._y.jpg").write_bytes(b"\x00\x05\x16\x07")  # a resource fork
+    (tree / "bird" / ".DS_Store").write_bytes(b"Bud1")  # dot files are not counted
     want = {"": 1, ".gif": 1, ".txt": 1}
     assert ImageFolder(tree).passed_over == want
     assert ImageFolder(copy_to_memory(memfs[0], tree, memfs[1] + "/m")).passed_over == want
