@@ -35,6 +35,7 @@ def run_demo(
     device: str,
     batching: str,
     step_s: float,
+    decode_on: str = "auto",
     threads: int | None,
     progress: bool,
     log_jsonl: Path | None = None,
@@ -55,6 +56,7 @@ def run_demo(
         progress=progress,
         log_jsonl=str(log_jsonl) if log_jsonl is not None else None,
         log_interval_s=1.0,
+        decode_on=decode_on,  # type: ignore[arg-type]
     )
     loader = ImageLoader(
         index,
@@ -73,9 +75,10 @@ def run_demo(
                 _train_step(images, step_s)
         stats = loader.stats()
         failed = loader.failed_samples()
+    decoded_on = "gpu" if loader._gpu_decode_chosen() else "cpu"
     lines = [
         f"gpu-loader demo: {len(index)} images, {epochs} epoch(s), batch {batch_size}, "
-        f"{size}x{size}, device {loader.device}, batching {batching}, "
+        f"{size}x{size}, device {loader.device}, decode on {decoded_on}, batching {batching}, "
         f"{loader.decode_threads} decode thread(s), simulated step {step_s * 1000:.0f} ms",
         "",
         format_summary(stats),
@@ -97,6 +100,7 @@ def run_demo(
         "batch_size": batch_size,
         "size": size,
         "device": str(loader.device),
+        "decode_on": decoded_on,
         "batching": batching,
         "step_ms": step_s * 1000,
     }

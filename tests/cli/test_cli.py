@@ -82,7 +82,12 @@ def test_demo_reports_numbers_and_writes_json(tiny: Path, tmp_path: Path) -> Non
         assert needle in text
     # "no GPU (why)" without NVML, the utilisation where a GPU is (as on a CUDA machine)
     assert re.search(r"^GPU +: (no GPU|util \d)", text, re.MULTILINE), text
-    stats = json.loads(out.read_text())["stats"]
+    document = json.loads(out.read_text())
+    stats = document["stats"]
+    # The path the loader took is said: the GPU one only on a CUDA machine.
+    decoded_on = "gpu" if cuda_available() else "cpu"
+    assert document["settings"]["decode_on"] == decoded_on
+    assert f"decode on {decoded_on}," in text
     assert stats["samples"] == 80 and stats["batches"] == 10
     assert 0.0 <= stats["stall_fraction"] <= 1.0
     assert stats["samples_per_s"] > 0
@@ -712,3 +717,22 @@ def test_with_stderr_closed_nothing_meant_for_it_lands_on_stdout(tmp_path: Path)
         ["bash", "-c", f"{shell}; echo rc=$?"], capture_output=True, text=True, timeout=60
     )
     assert result.stdout == "rc=2\n", result.stdout
+
+
+def test_demo_decode_on_picks_the_path_and_gpu_needs_a_cuda_device(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # The README's measurements favour the CPU path on the one GPU machine measured, so
+    # the demo lets a user pick it; the GPU path without a CUDA device is refused first.
+    if not cuda_available():
+        refused = run("demo", "--data", str(tiny), "--decode-on", "gpu", cache=tmp_path)
+        assert refused.returncode == 2
+        assert "--decode-on gpu needs a CUDA device; --device auto is cpu" in refused.stderr
+    out = tmp_path / "stats.json"
+    cpu = run(
+        "demo", "--data", str(tiny), "--decode-on", "cpu", "--epochs", "1", "--size", "32",
+        "--step-ms", "0", "--no-progress", "--json", str(out), cache=tmp_path,
+    )  # fmt: skip
+    assert cpu.returncode == 0, cpu.stderr
+    assert "decode on cpu," in cpu.stdout
+    assert json.loads(out.read_text())["settings"]["decode_on"] == "cpu"
