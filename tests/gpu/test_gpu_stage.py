@@ -127,6 +127,60 @@ def test_cuda_stage_matches_the_stand_in_stage(source: FileList) -> None:
     assert float(np.abs(gpu - cpu).max()) < 0.35
 
 
+@pytest.mark.parametrize(
+    ("exif_orientation", "interpolation"),
+    [(False, "bilinear"), (True, "bicubic"), (False, "bicubic")],
+)
+def test_cuda_stage_keeps_stored_pixels_and_bicubic_as_the_stand_in_does(
+    tmp_path: Path, exif_orientation: bool, interpolation: str
+) -> None:
+    """exif_orientation=False and bicubic (both added after the last GPU run): the GPU
+    decoder keeps a rotated JPEG as stored, without the CPU fallback, and the bicubic
+    entry points match their emulation."""
+    import dataclasses
+
+    import torch
+
+    from tests.cuda.conftest import sample_files
+
+    files = sample_files()
+    names = ["exif6.jpg", "a.jpg", "d.jpg", "e.png"]
+    for name in names:
+        (tmp_path / name).write_bytes(files[name])
+    source = FileList([(tmp_path / n, i) for i, n in enumerate(names)])
+    transform = dataclasses.replace(
+        TrainTransform(96, exif_orientation=exif_orientation), interpolation=interpolation
+    )
+    outputs = []
+    for ports in (cuda_ports("cuda"), standin_ports()):
+        stage = _stage(ports, transform, source)
+        fallbacks: list[str] = []
+        cpu_decode = stage._fallback
+
+        def counted(
+            sample: object, stream: object, cpu_decode=cpu_decode, fallbacks=fallbacks
+        ) -> object:  # type: ignore[no-untyped-def]
+            fallbacks.append(sample.key)  # type: ignore[attr-defined]
+            return cpu_decode(sample, stream)  # type: ignore[arg-type]
+
+        stage._fallback = counted  # type: ignore[method-assign,assignment]
+        arena = PinnedArena(8 << 20, allocator=ports.runtime.alloc_pinned)
+        batch = stage(
+            _fetch(source, arena, transform, list(range(len(names)))), stage.worker_init()
+        )
+        images, _ = handoff(batch)
+        if images.is_cuda:
+            torch.cuda.current_stream().synchronize()
+            outputs.append(images.cpu().numpy())
+        else:
+            ports.runtime.synchronize()  # type: ignore[attr-defined]
+            outputs.append(images.numpy().copy())
+        assert fallbacks == [] and batch.failed == [], (fallbacks, batch.failed)
+    gpu, cpu = outputs
+    assert float(np.abs(gpu - cpu).mean()) < 0.02
+    assert float(np.abs(gpu - cpu).max()) < 0.35
+
+
 def test_cuda_kernel_port_matches_the_emulation_on_identical_pixels() -> None:
     from gpu_loader.cuda import CudaKernelLauncher, CudaRuntime
     from gpu_loader.cuda._emulation import launch_fused_emulated
