@@ -1,7 +1,8 @@
 """The GPU batch stage on a real device (skipped cleanly without one: needs_cuda).
 
-None of these has run yet: the machines this was written on have no GPU. They use the
-public pieces only: ``cuda_ports`` + ``GpuBatchStage`` built directly (so they do not
+They ran on an H100 on 2026-11-22 (docs/gpu.md, "What has run where"), except the ones
+added since, which say so in their docstrings; the machines they are written on have no
+GPU. They use the public pieces only: ``cuda_ports`` + ``GpuBatchStage`` built directly (so they do not
 depend on how ``ImageLoader`` wires the stage), and ``ImageLoader(device="cuda")``.
 """
 
