@@ -13,6 +13,7 @@ import io
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ import simplejpeg
 from PIL import Image
 
 from gpu_loader.cuda import (
+    GpuBatch,
     GpuBatchStage,
     GpuFetcher,
     PinnedArena,
@@ -81,6 +83,23 @@ def _fetch(source: FileList, arena: PinnedArena, transform: object, indices: lis
     return [fetcher.fetch(p, i) for p, i in enumerate(indices)]
 
 
+def _host_batch(
+    ports: Any, stage: GpuBatchStage, source: FileList
+) -> tuple[np.ndarray, np.ndarray, GpuBatch]:
+    """Every sample of ``source`` as one batch through ``stage``, copied to the host."""
+    import torch
+
+    arena = PinnedArena(8 << 20, allocator=ports.runtime.alloc_pinned)
+    samples = _fetch(source, arena, stage.transform, list(range(len(source))))
+    batch = stage(samples, stage.worker_init())
+    images, labels = handoff(batch)
+    if images.is_cuda:
+        torch.cuda.current_stream().synchronize()
+        return images.cpu().numpy(), labels.cpu().numpy(), batch
+    ports.runtime.synchronize()
+    return images.numpy().copy(), labels.numpy().copy(), batch
+
+
 def test_nvimgcodec_gpu_decode_matches_the_cpu_decode(source: FileList) -> None:
     import torch
 
@@ -103,23 +122,11 @@ def test_nvimgcodec_gpu_decode_matches_the_cpu_decode(source: FileList) -> None:
 
 def test_cuda_stage_matches_the_stand_in_stage(source: FileList) -> None:
     """Same bytes, same parameters: the GPU stage vs nvImageCodec-CPU + emulated kernel."""
-    import torch
-
     transform = TrainTransform(96)
     outputs = []
     for ports in (cuda_ports("cuda"), standin_ports()):
-        stage = _stage(ports, transform, source)
-        arena = PinnedArena(8 << 20, allocator=ports.runtime.alloc_pinned)
-        batch = stage(
-            _fetch(source, arena, transform, list(range(len(source)))), stage.worker_init()
-        )
-        images, labels = handoff(batch)
-        if images.is_cuda:
-            torch.cuda.current_stream().synchronize()
-            outputs.append((images.cpu().numpy(), labels.cpu().numpy(), batch.positions))
-        else:
-            ports.runtime.synchronize()  # type: ignore[attr-defined]
-            outputs.append((images.numpy().copy(), labels.numpy().copy(), batch.positions))
+        images, labels, batch = _host_batch(ports, _stage(ports, transform, source), source)
+        outputs.append((images, labels, batch.positions))
     (gpu, gpu_labels, gpu_pos), (cpu, cpu_labels, cpu_pos) = outputs
     assert gpu_pos == cpu_pos == list(range(len(source)))
     assert np.array_equal(gpu_labels, cpu_labels)
@@ -140,8 +147,6 @@ def test_cuda_stage_keeps_stored_pixels_and_bicubic_as_the_stand_in_does(
     entry points match their emulation."""
     import dataclasses
 
-    import torch
-
     from tests.cuda.conftest import sample_files
 
     files = sample_files()
@@ -159,23 +164,14 @@ def test_cuda_stage_keeps_stored_pixels_and_bicubic_as_the_stand_in_does(
         cpu_decode = stage._fallback
 
         def counted(
-            sample: object, stream: object, cpu_decode=cpu_decode, fallbacks=fallbacks
-        ) -> object:  # type: ignore[no-untyped-def]
-            fallbacks.append(sample.key)  # type: ignore[attr-defined]
-            return cpu_decode(sample, stream)  # type: ignore[arg-type]
+            sample: Any, stream: Any, cpu_decode: Any = cpu_decode, fallbacks: Any = fallbacks
+        ) -> Any:
+            fallbacks.append(sample.key)
+            return cpu_decode(sample, stream)
 
-        stage._fallback = counted  # type: ignore[method-assign,assignment]
-        arena = PinnedArena(8 << 20, allocator=ports.runtime.alloc_pinned)
-        batch = stage(
-            _fetch(source, arena, transform, list(range(len(names)))), stage.worker_init()
-        )
-        images, _ = handoff(batch)
-        if images.is_cuda:
-            torch.cuda.current_stream().synchronize()
-            outputs.append(images.cpu().numpy())
-        else:
-            ports.runtime.synchronize()  # type: ignore[attr-defined]
-            outputs.append(images.numpy().copy())
+        stage._fallback = counted  # type: ignore[method-assign]
+        images, _, batch = _host_batch(ports, stage, source)
+        outputs.append(images)
         assert fallbacks == [] and batch.failed == [], (fallbacks, batch.failed)
     gpu, cpu = outputs
     assert float(np.abs(gpu - cpu).mean()) < 0.02
