@@ -55,6 +55,8 @@ def test_short_training_run_reduces_the_loss(tmp_path: Path, extra: list[str]) -
         (["--classes", "0"], "--classes must be >= 1"),  # a raw traceback before (QA)
         (["--lr", "-1"], "--lr must be > 0"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--device", "cpu", "--decode-on", "gpu"], "--decode-on gpu needs a CUDA device"),
+        (["--decode-on", "gpu", "--augment"], "--augment runs on the CPU decode path"),
     ],
 )
 def test_bad_arguments_are_usage_errors(
