@@ -85,8 +85,8 @@ class ImageFolder(FileIndex):
         self.passed_over: dict[str, int] = dict(sorted(other.items()))
         """Files in the class folders that are not samples because their extension is not
         in `extensions`, counted by extension (lower case; "" for none; dot files, such as
-        ``.DS_Store`` and macOS resource forks ``._x.jpg``, are not counted). `gpu-loader verify` names them: a ``.gif``
-        left out without a word looks like a file checked."""
+        ``.DS_Store`` and macOS resource forks ``._x.jpg``, are not counted). `gpu-loader
+        verify` names them: a ``.gif`` left out without a word looks like a file checked."""
         n = len(files)
         super().__init__(
             [f[0] for f in files],
@@ -169,11 +169,9 @@ def _scan_local(
         for dirpath, fnames in sorted(_walk(os.path.join(root, name), above)):
             rel_dir = os.path.join(dirpath[skip:], "")
             for fname in sorted(fnames):
-                if fname.lower().endswith(exts) and not apple_double(fname):
+                if _is_sample(fname, exts, other):
                     # size -1: stat lazily in nbytes(), listing 1M files stays one walk.
                     files.append((rel_dir + fname, label, -1))
-                elif not hidden(fname):
-                    other[_extension(fname)] += 1
         if len(files) == before:
             empty.append(name)
     if empty and not allow_empty:
@@ -181,15 +179,15 @@ def _scan_local(
     return classes, files
 
 
-def hidden(name: str) -> bool:
-    """A dot file (``.DS_Store``, ``._x.jpg``, ``.gitkeep``): not counted as passed over."""
-    return name.startswith(".")
-
-
-def _extension(name: str) -> str:
-    """``name``'s extension in lower case ("" for none), as `ImageFolder.passed_over`
-    counts it."""
-    return os.path.splitext(name)[1].lower()
+def _is_sample(name: str, exts: tuple[str, ...], other: Counter[str]) -> bool:
+    """Whether the file ``name`` in a class folder is a sample (an extension of ``exts``,
+    not a resource fork); if not, it is counted in ``other`` by its lower-case extension
+    ("" for none), unless it is a dot file (``.DS_Store``, ``._x.jpg``, ``.gitkeep``)."""
+    if name.lower().endswith(exts) and not apple_double(name):
+        return True
+    if not name.startswith("."):
+        other[os.path.splitext(name)[1].lower()] += 1
+    return False
 
 
 def _folders_above(root: str) -> frozenset[tuple[int, int]]:
@@ -283,9 +281,7 @@ def _scan_fsspec(
             base = posixpath.basename(path)
             if info.get("type") != "file":
                 continue
-            if not base.lower().endswith(exts) or apple_double(base):
-                if not hidden(base):
-                    other[_extension(base)] += 1
+            if not _is_sample(base, exts, other):
                 continue
             if not path.startswith(folder) or (colons and "::" in path):
                 # A zip member "/Cat/x.jpg", found under Cat, whose key (root +
