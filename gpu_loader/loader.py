@@ -1022,19 +1022,18 @@ class ImageLoader:
     def _check_cpu_only(self, on_gpu: bool) -> None:
         """Refuse, on the GPU decode path, what only the CPU path does."""
         if on_gpu and (why := self._cpu_only()):
-            raise ValueError(why[0])
+            raise ValueError(why)
 
-    def _cpu_only(self) -> list[str]:
-        """Why this loader needs the CPU decode path (each as the GPU path's refusal):
-        an ``augment`` function."""
-        why = []
-        if self.augment is not None:
-            why.append(
-                "`augment` runs on the CPU decode path only (the GPU path decodes and "
-                "transforms whole batches in one kernel); leave LoaderOptions(decode_on=...) "
-                "at 'auto' or 'cpu', or augment the batch on the device in the training loop"
-            )
-        return why
+    def _cpu_only(self) -> str | None:
+        """Why this loader needs the CPU decode path (as the GPU path's refusal): an
+        ``augment`` function; None where it does not."""
+        if self.augment is None:
+            return None
+        return (
+            "`augment` runs on the CPU decode path only (the GPU path decodes and "
+            "transforms whole batches in one kernel); leave LoaderOptions(decode_on=...) "
+            "at 'auto' or 'cpu', or augment the batch on the device in the training loop"
+        )
 
     def _epoch_closed(
         self,
