@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(
         f"data: {args.data} ({len(source)} images, {len(source.classes)} classes); "
         f"device: {loader.device}; decode on: "
-        f"{'gpu' if loader._gpu_decode_chosen() else 'cpu'}; batching: {args.batching}"
+        f"{'gpu' if loader.decodes_on_gpu else 'cpu'}; batching: {args.batching}"
         + ("; augment: brightness, contrast" if args.augment else ""),
         flush=True,
     )

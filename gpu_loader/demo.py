@@ -75,7 +75,7 @@ def run_demo(
                 _train_step(images, step_s)
         stats = loader.stats()
         failed = loader.failed_samples()
-    decoded_on = "gpu" if loader._gpu_decode_chosen() else "cpu"
+    decoded_on = "gpu" if loader.decodes_on_gpu else "cpu"
     lines = [
         f"gpu-loader demo: {len(index)} images, {epochs} epoch(s), batch {batch_size}, "
         f"{size}x{size}, device {loader.device}, decode on {decoded_on}, batching {batching}, "

@@ -1008,13 +1008,15 @@ class ImageLoader:
                 "LoaderOptions(decode_on='gpu') needs device='cuda' (or gpu_ports for tests); "
                 f"this loader's device is {self.device}"
             )
-        on_gpu = self._gpu_decode_chosen()
+        on_gpu = self.decodes_on_gpu
         self._check_cpu_only(on_gpu)
         return on_gpu
 
-    def _gpu_decode_chosen(self) -> bool:
-        """``decode_on="gpu"``, or ``"auto"`` on a CUDA device unless the loader asks for
-        what only the CPU path does (`_cpu_only`)."""
+    @property
+    def decodes_on_gpu(self) -> bool:
+        """Whether batches take the GPU decode path: ``LoaderOptions(decode_on="gpu")``,
+        or ``"auto"`` on a CUDA device unless the loader asks for what only the CPU path
+        does (an ``augment`` function)."""
         mode = self.options.decode_on
         auto_gpu = self.device.type == "cuda" and not self._cpu_only()
         return mode == "gpu" or (mode == "auto" and auto_gpu)

@@ -247,7 +247,7 @@ def test_the_gpu_path_refuses_it_and_auto_picks_the_cpu_path(unique_list: FileLi
     plain, augmented = make(unique_list), make(unique_list, augment=identity)
     for loader in (plain, augmented):
         loader.device = torch.device("cuda")
-    assert plain._gpu_decode_chosen() and not augmented._gpu_decode_chosen()
+    assert plain.decodes_on_gpu and not augmented.decodes_on_gpu
 
 
 def test_bad_files_are_still_reported_with_a_function(bad_list: tuple[FileList, set[str]]) -> None:

@@ -246,7 +246,7 @@ def test_exif_orientation_false_runs_on_the_gpu_path(tmp_path: Path) -> None:
         source, batch_size=4, transform=EvalTransform(SIZE, exif_orientation=False)
     )
     auto.device = torch.device("cuda")  # as on a machine with one
-    assert auto._gpu_decode_chosen()
+    assert auto.decodes_on_gpu
 
 
 def test_bicubic_runs_on_the_gpu_path_and_auto_keeps_it_there(unique_list: FileList) -> None:
@@ -273,7 +273,7 @@ def test_bicubic_runs_on_the_gpu_path_and_auto_keeps_it_there(unique_list: FileL
     # decode_on="auto" on a CUDA device takes the GPU path for either filter.
     sharp = gl.ImageLoader(unique_list, batch_size=4, transform=bicubic)
     sharp.device = torch.device("cuda")
-    assert sharp._gpu_decode_chosen()
+    assert sharp.decodes_on_gpu
 
 
 def test_ports_written_before_the_new_keywords_still_serve_the_defaults(
