@@ -35,7 +35,12 @@ class BatchPool:
         self.keep = keep
         self._use_count = _use_count_fn()  # None on a torch without it: no reuse, still safe
         self._free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
-        self._out: list[tuple[torch.Tensor, int]] = []  # (base, use count when idle)
+        self._out: list[torch.Tensor] = []  # handed out, back once only the pool refers
+        # The storage's use count with only the pool's tensor referring to it, measured on
+        # the first tensor made: the same for every one. Not measured at `hand_out`, where
+        # a view of the batch that is about to be dropped (the batcher's numpy view, in a
+        # local) would be counted as idle, and the batch reused while the loop holds it.
+        self._idle: int | None = None
         self._lock = threading.Lock()
         self.reused = 0
         self.allocated = 0
@@ -51,27 +56,34 @@ class BatchPool:
                 self.reused += 1
                 return free.pop()
         self.allocated += 1
-        return torch.empty((rows, *self.tail), dtype=self.dtype)
+        base = torch.empty((rows, *self.tail), dtype=self.dtype)
+        if self._idle is None and self._use_count is not None:
+            self._idle = self._count(base)  # nothing but the pool's tensor refers to it
+        return base
 
     def hand_out(self, base: torch.Tensor) -> torch.Tensor:
-        """A view of ``base`` for the training loop; ``base`` returns once it is dropped."""
-        if self._use_count is None:
+        """A view of ``base`` (a tensor `take` gave) for the training loop; ``base``
+        returns once it is dropped. Any thread may call it, with other views of ``base``
+        still alive: they too keep it out until they are dropped."""
+        if self._use_count is None or self._idle is None:
             return base
-        idle = self._count(base)
         view = base.view(base.shape)
         with self._lock:
-            self._out.append((base, idle))
+            self._out.append(base)
         return view
 
     def _count(self, base: torch.Tensor) -> int:
         return int(self._use_count(base.untyped_storage()._cdata))
 
     def _reclaim(self) -> None:
+        if not self._out:
+            return
+        assert self._idle is not None  # set before anything could be handed out
         still_out = []
         free_total = sum(len(v) for v in self._free.values())
-        for base, idle in self._out:
-            if self._count(base) > idle:
-                still_out.append((base, idle))
+        for base in self._out:
+            if self._count(base) > self._idle:
+                still_out.append(base)
             elif free_total < self.keep:
                 self._free[base.shape[0]].append(base)
                 free_total += 1

@@ -1539,8 +1539,6 @@ class CpuEpoch(EpochBase):
         if device.type != "cpu":
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-        elif self.pool is not None:
-            images = self.pool.hand_out(images)
         return images, labels, positions
 
     def take_formed(self) -> Formed | BaseException | None:
@@ -1612,6 +1610,11 @@ class CpuEpoch(EpochBase):
                 np.take(as_numpy(images), keep, axis=0, out=as_numpy(compact))
                 images = compact
         labels = torch.from_numpy(self.labels[self.indices[list(positions)]])
+        if self.pool is not None:
+            # The view is made here, not in the training loop's next(): a torch call
+            # lets go of the GIL, and taking it back while decode threads run Python
+            # took 0.19-0.24 ms a batch on average there (2 decode threads, 2 cores).
+            images = self.pool.hand_out(images)
         return images, labels, positions
 
     # -- failures and shutdown -------------------------------------------------------------

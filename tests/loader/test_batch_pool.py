@@ -32,6 +32,19 @@ def test_numpy_views_count_as_references() -> None:
     assert pool.take(1).data_ptr() == base.data_ptr()
 
 
+def test_a_view_alive_at_hand_out_does_not_count_as_idle() -> None:
+    # The batcher thread hands a batch out while its own numpy view of it is still in a
+    # local: once that goes, the loop's view alone must still keep the batch out.
+    pool = BatchPool((3, 2, 2), torch.float32, keep=4)
+    base = pool.take(1)
+    batchers_view = base.numpy()
+    handed = pool.hand_out(base)
+    del batchers_view
+    assert pool.take(1).data_ptr() != base.data_ptr(), "reused while the loop holds it"
+    del handed
+    assert pool.take(1).data_ptr() == base.data_ptr()
+
+
 def test_pool_keeps_at_most_keep_free_batches() -> None:
     pool = BatchPool((1, 1, 1), torch.float32, keep=2)
     handed = [pool.hand_out(pool.take(1)) for _ in range(5)]
