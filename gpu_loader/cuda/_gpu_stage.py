@@ -31,6 +31,7 @@ uploads stay referenced by the worker until the batch's event has fired (checked
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import threading
 import weakref
@@ -348,6 +349,26 @@ class WorkerPool:
             self._idle.clear()
 
 
+def _require_keyword(
+    method: Callable[..., Any], name: str, transform: TrainTransform | EvalTransform, what: str
+) -> None:
+    """Refuse, before any batch, a port method that cannot take the keyword ``name``
+    which ``transform`` needs (a port written before the parameter was added): its every
+    call would raise a TypeError, failing every batch."""
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): its calls will say
+        return
+    if any(p.name == name or p.kind is p.VAR_KEYWORD for p in params):
+        return
+    raise TypeError(
+        f"{what} ({getattr(method, '__qualname__', method)!r}) takes no `{name}` parameter, "
+        f"which the transform's {name}={getattr(transform, name)!r} needs: add "
+        f"`{name}` to it (see the protocols in gpu_loader/cuda/_ports.py), or keep the "
+        "default on the transform"
+    )
+
+
 def unless_default(name: str, value: object, default: object) -> dict[str, Any]:
     """``{name: value}`` to pass as a keyword, or nothing where ``value`` is the default:
     a port written before the parameter was added keeps serving the default."""
@@ -379,6 +400,15 @@ class GpuBatchStage:
     ) -> None:
         if dtype not in OUTPUT_DTYPES:
             raise ValueError(f"`dtype` must be one of {list(OUTPUT_DTYPES)}, got {dtype!r}")
+        if transform.interpolation != "bilinear":
+            _require_keyword(
+                ports.launcher.launch, "interpolation", transform, "GpuPorts.launcher's launch"
+            )
+        decode = getattr(ports.make_decoder, "decode", None)  # where it is the class
+        if not transform.exif_orientation and isinstance(ports.make_decoder, type) and decode:
+            # A factory function's decoder is only known once made; one without the
+            # keyword then fails its calls, each batch decoding on the CPU, with a warning.
+            _require_keyword(decode, "exif_orientation", transform, "the decoder's decode")
         self.ports = ports
         self.transform = transform
         self.labels = np.asarray(labels, dtype=np.int64)

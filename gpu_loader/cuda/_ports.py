@@ -76,7 +76,9 @@ class BatchDecoder(Protocol):
         Images are turned upright by their EXIF orientation, unless ``exif_orientation`` is
         False (pixels as stored, the transforms' ``exif_orientation=False``). The stage
         passes it by keyword, and only when False: a decoder written without the
-        parameter still serves every transform that keeps the default.
+        parameter still serves every transform that keeps the default (with a decoder
+        class as `GpuPorts.make_decoder`, a transform that needs it is refused when its
+        epoch starts).
 
         The decoder may read ``blobs`` until ``stream`` has passed the decode: the caller
         records an event after this call and keeps the bytes until it has fired.
@@ -104,7 +106,8 @@ class KernelLauncher(Protocol):
     ) -> None:
         """``interpolation`` is "bilinear" or "bicubic"; the stage passes it by keyword,
         and only when not "bilinear": a launcher written without the parameter still
-        serves every transform that keeps the default."""
+        serves every transform that keeps the default, and a transform that needs it is
+        refused when its epoch starts."""
         ...
 
 

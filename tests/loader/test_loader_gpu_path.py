@@ -305,6 +305,16 @@ def test_ports_written_before_the_new_keywords_still_serve_the_defaults(
     for (x, y), (xr, yr) in zip(loader, reference, strict=True):
         assert torch.equal(y, yr) and torch.equal(x, xr)
     assert loader.failed_samples() == []
+    # A transform that needs the keyword is refused before any batch, naming the port
+    # and the parameter, rather than failing every batch with a TypeError.
+    for transform, name in (
+        (EvalTransform(SIZE, interpolation="bicubic"), "interpolation"),
+        (EvalTransform(SIZE, exif_orientation=False), "exif_orientation"),
+    ):
+        needs = make(unique_list, old, transform=transform, shuffle=False)
+        with pytest.raises(TypeError, match=f"takes no `{name}` parameter"):
+            next(iter(needs))
+        assert needs.failed_samples() == []
 
 
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
