@@ -324,21 +324,30 @@ def _check_backend() -> None:
         raise CliError(str(exc)) from None
 
 
-def _check_output_paths(*paths: Path | None) -> None:
-    """Each file a command will write (None: not asked for) can be: not a folder, in a
-    folder that exists, and not one another of them names (QA58: the CSV was replaced by
-    the JSON without a word)."""
-    seen: dict[str, Path] = {}
-    for path in paths:
-        if path is not None and path.is_dir():
-            raise CliError(f"{path}: is a folder; give a file path")
-        if path is not None and not path.parent.is_dir():
-            raise CliError(f"{path}: folder {path.parent} does not exist")
-        if path is not None:
-            same = os.path.realpath(path)
-            if same in seen and not _is_stdout(path):
-                raise CliError(f"{seen[same]} and {path} name one file; give each its own")
-            seen[same] = path
+def _check_output_paths(paths: dict[str, Path | None]) -> None:
+    """Each file a command will write (``{flag: path}``, None: not asked for) can be:
+    not a folder, in a folder that exists, and not one another of them names, by another
+    path or a hard link (QA58: the CSV was replaced by the JSON without a word; QA63: by
+    a hard link to it). Errors name the flag."""
+    seen: dict[object, str] = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        shown = f"{flag} {shown_key(str(path))}"
+        if path.is_dir():
+            raise CliError(f"{shown}: is a folder; give a file path")
+        if not path.parent.is_dir():
+            raise CliError(f"{shown}: folder {shown_key(str(path.parent))} does not exist")
+        if _is_stdout(path):
+            continue  # both lists may go to stdout, one after the other
+        names: list[object] = [os.path.realpath(path)]
+        with contextlib.suppress(OSError):  # a file that does not exist yet has no inode
+            info = os.stat(path)
+            names.append((info.st_dev, info.st_ino))
+        for name in names:
+            if name in seen:
+                raise CliError(f"{seen[name]} and {shown} name one file; give each its own")
+            seen[name] = shown
 
 
 def cached_dataset(name: str, what: str, **params: Any) -> Path:
@@ -379,7 +388,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
     if args.step_ms < 0:
         raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
-    _check_output_paths(args.json, args.log_jsonl)  # before the run, which they outlive
+    _check_output_paths(
+        {"--json": args.json, "--log-jsonl": args.log_jsonl}
+    )  # before the run, which they outlive
     try:  # before the demo dataset is made: that takes a while
         resolved = _resolve_device(device)
     except (ValueError, RuntimeError) as exc:
@@ -484,9 +495,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _absolute(key: str) -> str:
-    from gpu_loader.sources._io import is_url
+    from gpu_loader.sources._io import absolute, is_url
 
-    return key if is_url(key) else os.path.abspath(key)
+    return key if is_url(key) else absolute(key)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -499,7 +510,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         _positive("threads", args.threads)
-    _check_output_paths(args.good_list, args.json)  # before the run, not after it
+    _check_output_paths(
+        {"--good-list": args.good_list, "--json": args.json}
+    )  # before the run, not after it
     _check_backend()
     index = _open_data(args.data)
     if args.good_list is not None and isinstance(index, gpu_loader.sources.TarShards):

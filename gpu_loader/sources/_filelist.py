@@ -79,7 +79,8 @@ class FileList(FileIndex):
         Paths are taken as written, less the spaces right after a comma (quote a path to
         keep them); labels are integers in decimal digits.
 
-        Relative paths are taken relative to the CSV's own folder (or URL), so a dataset
+        Relative paths are taken relative to the CSV's own folder (or URL; for a symlink,
+        the folder of the file it leads to), so a dataset
         folder with its CSV inside can be moved as a whole: when every path is relative,
         the fingerprint covers them as written, and a saved run resumes from the new place.
         """
@@ -172,11 +173,28 @@ def _absolute(entry: str) -> bool:
 
 def _base_of(location: str) -> str:
     """The folder (or URL) a CSV at ``location`` sits in; absolute for a local file, so
-    its samples' keys survive a change of working directory (a ``file://`` one too)."""
+    its samples' keys survive a change of working directory (a ``file://`` one too).
+    For a symlink, the folder of the file it leads to: a list's relative paths are
+    written from where the list is (QA63: a linked list named every image under the
+    link's folder, where none was)."""
     location = _io.anchored(location)
+    local = _io.local_path(location)
+    if local is not None and os.path.islink(local):
+        target = _link_target(local)
+        location = location[: len(location) - len(local)] + target
     if _io.is_url(location):
         return _io.url_parent(location)
     return os.path.dirname(location)
+
+
+def _link_target(path: str) -> str:
+    """Where the symlink ``path`` finally leads, its folders above kept as written (a
+    loop of links is left for the open to report)."""
+    for _ in range(40):  # the kernel's own limit on links in a row
+        if not os.path.islink(path):
+            break
+        path = _io.absolute(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return path
 
 
 def _affixes(base: str) -> tuple[str, str]:

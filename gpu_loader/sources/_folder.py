@@ -67,7 +67,7 @@ class ImageFolder(FileIndex):
             classes, files = _scan_local(path, exts, allow_empty, other)
             # absolute, so the keys still name the files after a change of working
             # directory (the fingerprint's names are relative to the root either way)
-            prefix = os.path.join(os.path.abspath(path), "")
+            prefix = os.path.join(_io.absolute(path), "")
             if root_s.startswith(_io.LOCAL_SCHEMES):
                 prefix = f"{root_s.partition('://')[0]}://{prefix}"
         else:
@@ -193,7 +193,7 @@ def _is_sample(name: str, exts: tuple[str, ...], other: Counter[str]) -> bool:
 def _folders_above(root: str) -> frozenset[tuple[int, int]]:
     """``(device, inode)`` of ``root`` and of every folder above it, up to ``/``."""
     found = set()
-    start = PurePath(os.path.abspath(root))
+    start = PurePath(os.path.realpath(root))  # the folders above it on disk
     for folder in (start, *start.parents):
         with contextlib.suppress(OSError):
             info = os.stat(folder)

@@ -162,6 +162,28 @@ LOCAL_SCHEMES = ("file://", "local://")
 """URL schemes of local files (fsspec's ``LocalFileSystem`` goes by both names)."""
 
 
+def absolute(path: str) -> str:
+    """``path`` made absolute (from the working folder) and tidied without changing what
+    it names: "." and repeated "/" go, and ".." takes the component before it away only
+    where that is no symlink. `os.path.abspath` takes it away in any case, which after a
+    symlink names another file (QA63: ``lnk/..`` is the parent of the link's target, and
+    the keys of a folder read through it named files that did not exist, or others)."""
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:  # the root's parent is the root
+                continue
+            if parts[-1] != ".." and not os.path.islink("/" + "/".join(parts)):
+                parts.pop()
+                continue
+        parts.append(part)
+    return "/" + "/".join(parts)
+
+
 def anchored(location: str) -> str:
     """``location`` with a relative local path made absolute: a plain path, or a
     ``file://`` URL's (``file://d/x.jpg``, which fsspec and `local_path` read from the
@@ -169,8 +191,8 @@ def anchored(location: str) -> str:
     later ``os.chdir`` does not change what it names (QA54)."""
     if location.startswith(LOCAL_SCHEMES):
         scheme, _, path = location.partition("://")
-        return location if os.path.isabs(path) else f"{scheme}://{os.path.abspath(path)}"
-    return location if is_url(location) else os.path.abspath(location)
+        return location if os.path.isabs(path) else f"{scheme}://{absolute(path)}"
+    return location if is_url(location) else absolute(location)
 
 
 def add_key_note(exc: BaseException, key: str) -> None:

@@ -285,10 +285,12 @@ def test_an_empty_list_and_a_folder_as_an_output_file_are_clear_errors(tmp_path:
     folder = tmp_path / "out"
     folder.mkdir()
     result = run("verify", "--data", str(header_only), "--good-list", str(folder), cache=tmp_path)
-    assert result.returncode == 2 and f"{folder}: is a folder; give a file path" in result.stderr
+    assert result.returncode == 2
+    assert f"--good-list {folder}: is a folder; give a file path" in result.stderr
     missing = tmp_path / "nowhere" / "good.csv"
     result = run("verify", "--data", str(header_only), "--json", str(missing), cache=tmp_path)
-    assert result.returncode == 2 and f"folder {missing.parent} does not exist" in result.stderr
+    assert result.returncode == 2
+    assert f"--json {missing}: folder {missing.parent} does not exist" in result.stderr
 
 
 def test_verify_leaves_names_a_csv_cannot_hold_out_of_its_list_and_says_so(
@@ -642,6 +644,35 @@ def test_verify_refuses_one_file_for_both_lists(tiny: Path, tmp_path: Path) -> N
     result = run("verify", "--data", str(tiny), "--good-list", same, "--json", same, cache=tmp_path)
     assert result.returncode == 2 and "name one file" in result.stderr
     assert not Path(same).exists()
+    # QA63: a hard link to the other list was taken as another file; the CSV held "[]".
+    first, second = tmp_path / "a.csv", tmp_path / "b.json"
+    first.write_text("kept\n")
+    os.link(first, second)
+    result = run(
+        "verify", "--data", str(tiny), "--good-list", str(first), "--json", str(second),
+        cache=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"--good-list {first} and --json {second} name one file" in result.stderr
+    assert first.read_text() == "kept\n"
+
+
+def test_verify_s_good_list_names_a_file_behind_a_symlink_and_dot_dot(
+    tiny: Path, tmp_path: Path
+) -> None:
+    # QA63: "lnk/../target.jpg" was written tidied as text, naming a file that is not there.
+    (tmp_path / "list").mkdir()
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    image = next(tiny.rglob("*.jpg"))
+    (tmp_path / "elsewhere" / "target.jpg").write_bytes(image.read_bytes())
+    (tmp_path / "list" / "lnk").symlink_to("../elsewhere/deep")
+    (tmp_path / "list" / "l.csv").write_text("path,label\nlnk/../target.jpg,4\n")
+    good = tmp_path / "good.csv"
+    first = run("verify", "--data", str(tmp_path / "list" / "l.csv"), "--good-list", str(good),
+                cache=tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    again = run("verify", "--data", str(good), cache=tmp_path)
+    assert again.returncode == 0 and "1 good, 0 bad" in again.stdout, again.stdout + again.stderr
 
 
 def test_verify_names_the_files_the_folder_passes_over(tiny: Path, tmp_path: Path) -> None:

@@ -375,3 +375,35 @@ def test_a_csv_path_of_spaces_is_named_empty(tmp_path: Path) -> None:
     (tmp_path / "l.csv").write_text('path,label\n"   ",3\n')  # quoted: kept as written
     with pytest.raises(ValueError, match="line 2: the path is empty"):
         FileList.from_csv(tmp_path / "l.csv")
+
+
+def test_a_linked_csv_takes_its_relative_paths_from_the_file_it_leads_to(
+    tmp_path: Path,
+) -> None:
+    # QA63: `ln -s data/list.csv linked.csv` named every image under the link's folder.
+    data = tmp_path / "data"
+    write(data / "img" / "a.jpg", image_bytes(1))
+    (data / "list.csv").write_text("path,label\nimg/a.jpg,3\n")
+    (tmp_path / "links").mkdir()
+    hop = tmp_path / "links" / "hop.csv"
+    hop.symlink_to("../data/list.csv")  # relative to the link's own folder
+    (tmp_path / "linked.csv").symlink_to(hop)  # a link to a link
+    index = FileList.from_csv(tmp_path / "linked.csv")
+    assert index.key(0) == os.path.join(data, "img/a.jpg")
+    assert index.read(0) == (data / "img" / "a.jpg").read_bytes()
+
+
+def test_dot_dot_after_a_symlink_names_the_link_target_s_parent(tmp_path: Path) -> None:
+    # QA63: "lnk/.." was tidied as text to the link's own folder: a CSV beside the
+    # target read its images from there (not found, or other files of the same name).
+    (tmp_path / "real" / "ds").mkdir(parents=True)
+    write(tmp_path / "real" / "ds" / "cat" / "x.jpg", image_bytes(1))
+    (tmp_path / "real" / "ds" / "l.csv").write_text("path,label\ncat/x.jpg,0\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "lnk").symlink_to("../real/ds/cat")
+    write(tmp_path / "a" / "cat" / "x.jpg", image_bytes(2))  # what the text tidy named
+    index = FileList.from_csv(f"{tmp_path}/a/lnk/../l.csv")
+    assert index.read(0) == (tmp_path / "real" / "ds" / "cat" / "x.jpg").read_bytes()
+    # A ".." after a plain folder, and "." and "//", are still tidied away.
+    plain = FileList.from_csv(f"{tmp_path}/real/./ds/cat/..//l.csv")
+    assert plain.key(0) == os.path.join(tmp_path, "real/ds/cat/x.jpg")

@@ -585,6 +585,21 @@ def test_a_symlinked_folder_looping_back_is_not_entered(
     assert "leads back to a folder above it" in caplog.text and "back" in caplog.text
 
 
+def test_a_root_through_a_symlink_and_dot_dot_reads_the_files_it_lists(tmp_path: Path) -> None:
+    # QA63: the classes were listed where the OS resolves "lnk/.." (the link target's
+    # parent), and the keys built from the text tidied to the link's own folder: every
+    # sample "not found", or, where that folder had a file of the same name, its bytes.
+    real = tmp_path / "real" / "ds"
+    (real / "cat").mkdir(parents=True)
+    (real / "cat" / "x.jpg").write_bytes(b"\xff\xd8 the listed file")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "lnk").symlink_to(real / "cat")
+    (tmp_path / "a" / "cat").mkdir()
+    (tmp_path / "a" / "cat" / "x.jpg").write_bytes(b"\xff\xd8 another file")
+    index = ImageFolder(f"{tmp_path}/a/lnk/..")
+    assert index.classes == ["cat"] and index.read(0) == b"\xff\xd8 the listed file"
+
+
 def test_a_link_to_the_root_is_not_entered_so_no_file_gets_another_label(
     tree: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
