@@ -56,7 +56,7 @@ class BatchPool:
                 self.reused += 1
                 return free.pop()
         self.allocated += 1
-        base = torch.empty((rows, *self.tail), dtype=self.dtype)
+        base = torch.empty((rows, *self.tail), dtype=self.dtype, device="cpu")
         if self._idle is None and self._use_count is not None:
             self._idle = self._count(base)  # nothing but the pool's tensor refers to it
         return base

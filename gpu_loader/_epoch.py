@@ -879,7 +879,9 @@ class EpochBase:
 
         size = min(loader.batch_size, int(delivered.size))
         out_h, out_w = loader.transform.output_size
-        images = torch.empty((size, 3, out_h, out_w), dtype=getattr(torch, loader.dtype))
+        images = torch.empty(
+            (size, 3, out_h, out_w), dtype=getattr(torch, loader.dtype), device="cpu"
+        )
         rows, positions = as_numpy(images), list[int]()
         # Round and round the delivered samples, as many batches as it takes; one that
         # fails now (its file gone since) is passed over from then on. Where the round
@@ -1425,12 +1427,12 @@ class CpuEpoch(EpochBase):
         if self.pool is not None:
             return self.pool.take(rows)
         shape = (rows, 3, self.out_h, self.out_w)
-        return torch.empty(shape, dtype=self.torch_dtype, pin_memory=self.pin)
+        return torch.empty(shape, dtype=self.torch_dtype, device="cpu", pin_memory=self.pin)
 
     def new_sample(self) -> torch.Tensor:
         import torch
 
-        return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype)
+        return torch.empty((3, self.out_h, self.out_w), dtype=self.torch_dtype, device="cpu")
 
     def recycle(self, images: torch.Tensor) -> None:
         """A batch tensor that was never handed out goes back to the pool."""

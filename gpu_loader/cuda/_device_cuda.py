@@ -107,7 +107,7 @@ class CudaRuntime:
         # .numpy() shares the page-locked memory and keeps the tensor alive as its base.
         import torch
 
-        pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        pinned = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=True)
         return pinned.numpy()
 
 

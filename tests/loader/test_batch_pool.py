@@ -67,3 +67,15 @@ def test_batches_kept_by_the_training_loop_stay_intact(unique_list: FileList) ->
     for (x, y), (xc, yc) in zip(kept, copies, strict=True):
         assert torch.equal(x, xc) and torch.equal(y, yc)
     assert loader._pool is not None and loader._pool.reused > 0
+
+
+def test_batches_are_made_on_the_cpu_whatever_the_thread_s_default_device() -> None:
+    # QA62: straggler mode may form a batch in the training loop's thread, whose
+    # torch.set_default_device then applied to the new tensor.
+    pool = BatchPool((3, 2, 2), torch.float32, keep=4)
+    torch.set_default_device("meta")
+    try:
+        made = pool.take(2)
+    finally:
+        torch.set_default_device(None)
+    assert made.device.type == "cpu"

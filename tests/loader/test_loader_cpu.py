@@ -761,6 +761,26 @@ def test_with_batch_size_1_failed_samples_are_padded_with_repeats_on_each_rank(
     assert sorted(alone) == sorted(set(range(len(source))) - set(bad))
 
 
+def test_a_default_device_set_by_the_training_loop_leaves_the_batches_on_the_cpu(
+    photo_dir: Path, tmp_path: Path
+) -> None:
+    # QA62: tensors made in the training loop's thread (the padding batch here, a batch
+    # straggler mode forms there) followed its torch.set_default_device: "meta" tensors,
+    # and "can't convert meta device type tensor to numpy".
+    source, _ = bad_rank_1_list(photo_dir, tmp_path, 3)
+    kw: dict[str, Any] = {"batch_size": 1, "shuffle": False, "max_failures": None}
+    loader = make(source, rank=1, world_size=2, transform=EvalTransform(SIZE), **kw)
+    expected = labels_of(run_epoch(loader))
+    torch.set_default_device("meta")
+    try:
+        loader.set_epoch(0)
+        batches = run_epoch(loader)
+    finally:
+        torch.set_default_device(None)
+    assert labels_of(batches) == expected
+    assert all(x.device.type == "cpu" for x, _ in batches)
+
+
 def test_repeats_go_round_the_delivered_samples_as_often_as_it_takes(
     photo_dir: Path, tmp_path: Path
 ) -> None:
