@@ -1601,11 +1601,15 @@ class CpuEpoch(EpochBase):
             # Batches come in nominal order; a nominal batch split in parts to keep the
             # batch count (`OrderedBatcher`) is read by each part and freed by the next.
             with self.buffers_lock:
-                for done in [k for k in self.buffers if k < b]:
-                    del self.buffers[done]
+                # Earlier nominal tensors, whose rows were copied out (a batch with a
+                # failed sample, or the parts of one): back to the pool, not dropped
+                # (QA62: a new tensor for every batch with a bad file, every epoch).
+                spent = [self.buffers.pop(k)[0] for k in [k for k in self.buffers if k < b]]
                 images, _ = self.buffers[b]
                 if len(positions) == images.shape[0]:  # the whole batch: handed out
                     del self.buffers[b]
+            for tensor in spent:
+                self.recycle(tensor)
             if len(positions) != images.shape[0]:  # failed samples left out, or a part
                 keep = [p - b * plan.batch_size for p in positions]
                 compact = self.new_batch(len(keep))
