@@ -1,7 +1,8 @@
 """ProcessSampler: CPU use and memory of this process, on a daemon thread.
 
-CPU % is computed from deltas of ``cpu_times()`` (user + system, all threads) over
-wall time, like ``top``: 100 means one core fully busy, so a process using 4 cores
+CPU % is computed from deltas of CPU time (user + system, all threads: this process's
+from ``time.process_time()``, in nanoseconds; another's from psutil's ``cpu_times()``,
+in 10 ms ticks) over wall time, like ``top``: 100 means one core fully busy, so a process using 4 cores
 reads 400. ``cpu_percent_normalised`` divides by the logical CPU count (0-100).
 Memory: RSS from ``memory_info()``; PSS from ``memory_full_info().pss`` where the OS
 has it (Linux), else None. PSS splits shared pages between the processes sharing
@@ -87,6 +88,10 @@ class ProcessSampler(PeriodicThread):
         self.window_s = check_interval("window_s", window_s)
         self._clock = clock
         self._proc = proc
+        # This process: CPU time from the clock_gettime counter, in ns. psutil's
+        # cpu_times() counts 10 ms ticks, so a run of 20 ms read 245-1086% of a 2-core
+        # machine (QA63).
+        self._own = proc is None
         self._cpu_count = cpu_count or os.cpu_count() or 1
         self._data_lock = threading.Lock()
         self._readings: collections.deque[_Reading] = collections.deque()
@@ -149,8 +154,14 @@ class ProcessSampler(PeriodicThread):
         if self._proc is None:
             self._proc = _default_proc()
         try:
-            times = self._proc.cpu_times()
-            cpu_s = float(times.user) + float(times.system)
+            if self._own:
+                cpu_s = time.process_time()
+            else:
+                times = self._proc.cpu_times()
+                cpu_s = float(times.user) + float(times.system)
+            # Stamped with the CPU reading, not after the memory reads that follow (the
+            # PSS read takes milliseconds, which the window then left out).
+            now = self._clock()
             rss = int(self._proc.memory_info().rss)
             threads = int(self._proc.num_threads()) if hasattr(self._proc, "num_threads") else None
         except Exception as exc:  # psutil errors must not stop the loader; say so once
@@ -159,7 +170,6 @@ class ProcessSampler(PeriodicThread):
                 _log.warning("process sampling failed: %s: %s", type(exc).__name__, exc)
             return False
         pss_now = self._read_pss() if pss else None
-        now = self._clock()
         with self._data_lock:
             if self._first_cpu_s is None:
                 self._first_cpu_s = cpu_s

@@ -38,6 +38,40 @@ def test_cpu_percent_from_cpu_time_deltas() -> None:
     assert (snap.rss_bytes, snap.pss_bytes, snap.threads) == (100 << 20, 80 << 20, 7)
 
 
+def test_this_process_s_cpu_time_is_read_at_full_resolution(monkeypatch: Any) -> None:
+    # QA63: psutil's cpu_times() counts 10 ms ticks, so an epoch of 20 ms read 245-1086%
+    # of a 2-core machine. The sampler of this process reads time.process_time().
+    from gpu_loader.monitor import _process
+
+    clock, cpu = ScriptedClock(), [5.0]
+    monkeypatch.setattr(_process.time, "process_time", lambda: cpu[0])
+    sampler = ProcessSampler(1.0, clock=clock, cpu_count=2)  # this process
+    sampler.sample_once()
+    clock.advance(0.02)
+    cpu[0] += 0.013  # 13 ms in 20 ms: 65%, whatever the tick count says
+    sampler.sample_once(pss=False)
+    assert sampler.snapshot().cpu_percent == pytest.approx(65.0)
+
+
+def test_the_window_starts_at_the_cpu_reading_not_after_the_pss_read() -> None:
+    # The PSS read takes milliseconds (the kernel walks the page tables): a stamp taken
+    # after it left that time out of the window, and the CPU it took in.
+    clock, proc = ScriptedClock(), FakeProc()
+    full_info = proc.memory_full_info
+
+    def slow_pss() -> Any:
+        clock.advance(0.01)
+        return full_info()
+
+    proc.memory_full_info = slow_pss  # type: ignore[method-assign]
+    sampler = ProcessSampler(1.0, clock=clock, proc=proc, cpu_count=2)
+    sampler.sample_once()  # reads PSS: 10 ms
+    clock.advance(0.01)
+    proc.user += 0.01  # one core busy over the 20 ms since the CPU reading
+    sampler.sample_once(pss=False)
+    assert sampler.snapshot().cpu_percent == pytest.approx(50.0)
+
+
 def test_cpu_percent_covers_the_recent_window_only() -> None:
     clock, proc = ScriptedClock(), FakeProc()
     sampler = ProcessSampler(1.0, window_s=3.0, clock=clock, proc=proc, cpu_count=2)
