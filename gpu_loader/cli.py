@@ -46,7 +46,12 @@ def in_flags(message: str, flags: dict[str, str]) -> str:
 
 
 # Library parameter -> the flag that sets it, per command.
-_DEMO_FLAGS = {"decode_threads": "--threads", "device": "--device", "batch_size": "--batch-size"}
+_DEMO_FLAGS = {
+    "decode_threads": "--threads",
+    "device": "--device",
+    "batch_size": "--batch-size",
+    "size": "--size",
+}
 
 
 def _in_demo_flags(message: str) -> str:

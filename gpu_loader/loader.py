@@ -216,22 +216,24 @@ def _dtype_name(dtype: object) -> OutputDtype:
 
 
 def _check_batch_fits(
-    batch_size: int, transform: TrainTransform | EvalTransform, dtype: OutputDtype
+    rows: int, transform: TrainTransform | EvalTransform, dtype: OutputDtype
 ) -> None:
     """Refuse an output no machine here could hold, before every sample fails on it (the
     batch tensor is allocated by the first sample of each batch, so its error was recorded
-    against every file)."""
+    against every file). ``rows``: the largest batch an epoch can make, the batch size or
+    the epoch's samples where fewer (QA63: a batch size over a 1-image folder's was
+    refused for 56 GiB that it never takes)."""
     import psutil
     import torch
 
     h, w = transform.output_size
-    nbytes = batch_size * 3 * h * w * getattr(torch, dtype).itemsize
+    nbytes = rows * 3 * h * w * getattr(torch, dtype).itemsize
     total = psutil.virtual_memory().total
     if nbytes > total:
         raise ValueError(
-            f"one batch of {batch_size} x 3 x {h} x {w} {dtype} needs {nbytes / 2**30:,.1f} GiB, "
+            f"one batch of {rows} x 3 x {h} x {w} {dtype} needs {nbytes / 2**30:,.1f} GiB, "
             f"more than this machine's {total / 2**30:,.1f} GiB of memory; check the "
-            "transform's size and batch_size"
+            "transform's `size` and `batch_size`"
         )
 
 
@@ -363,7 +365,6 @@ class ImageLoader:
         self.source = source
         self.batch_size = batch_size
         self.transform = transform
-        _check_batch_fits(batch_size, transform, dtype)
         self.augment = check_augment(augment)
         self.dtype: OutputDtype = dtype
         self.drop_last = drop_last
@@ -405,6 +406,7 @@ class ImageLoader:
             if sampler is None
             else IterableSampler(sampler, len(source), seed=seed, fingerprint=source.fingerprint())
         )
+        _check_batch_fits(min(batch_size, len(self.sampler)), transform, dtype)
         cpus = os.cpu_count() or 1
         self.decode_threads = self.options.decode_threads or cpus
         self.io_threads = self.options.io_threads or _default_io_threads(source)

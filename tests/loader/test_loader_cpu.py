@@ -50,6 +50,20 @@ def test_batches_have_the_documented_shape_dtype_and_count(unique_list: FileList
     assert sorted(labels_of(batches)) == list(range(len(unique_list)))
 
 
+def test_a_batch_no_machine_here_could_hold_is_refused_and_one_the_data_cannot_fill_is_not(
+    unique_list: FileList,
+) -> None:
+    # Refused as the loader is made, naming both knobs; before, every sample failed on
+    # the batch tensor's allocation and was listed as a bad file.
+    with pytest.raises(
+        ValueError, match=r"one batch of 48 x 3 x 30000 x 30000 .* GiB.*`batch_size`"
+    ):
+        gl.ImageLoader(unique_list, batch_size=64, transform=EvalTransform(30000))
+    # QA63: a batch size far over the data's was refused for memory no batch takes.
+    loader = gl.ImageLoader(unique_list, batch_size=10**7, transform=EvalTransform(SIZE))
+    assert [len(y) for _, y in loader] == [len(unique_list)]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "uint8"])
 def test_output_dtypes_agree(unique_list: FileList, dtype: str) -> None:
     ref = run_epoch(make(unique_list, transform=EvalTransform(SIZE), shuffle=False))
