@@ -49,3 +49,8 @@ def shown_key(key: str) -> str:
     holds a newline or another character that cannot be printed (QA: a key with a newline
     split its line of a listing in two), or a name that is not UTF-8 (its surrogates)."""
     return key if is_utf8(key) and key.isprintable() else repr(key)
+
+
+def n_images(n: int) -> str:
+    """``n`` images, as the commands' reports count them ("1 image", "1,200 images")."""
+    return f"{n:,} image" if n == 1 else f"{n:,} images"

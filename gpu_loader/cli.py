@@ -2,7 +2,8 @@
 
 Errors a user can cause (missing path, empty folder, bad option) print one line naming
 the option and exit with status 2; a run that fails on its data (too many bad files)
-prints one line and exits with status 1. Neither shows a traceback. A reader of stdout
+prints one line and exits with status 1 (`inspect`, when every image it sampled failed,
+lists them under it). Neither shows a traceback. A reader of stdout
 that goes away (`| head`) ends the command quietly with status 141, after any file it was
 asked to write (`verify --good-list/--json`) is written.
 """
@@ -295,17 +296,30 @@ def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
     from gpu_loader.sources import is_url, open_index
 
     text = os.fspath(location)  # a str: a Path would turn memory://x into memory:/x
+    shown = f"--data {shown_key(text)}"  # one line, whatever the name holds (QA63)
     if not is_url(text) and "{" not in text and not os.path.exists(text):
-        raise CliError(f"--data {text}: no such folder or file")
+        raise CliError(f"{shown}: no such folder or file")
+    if not is_url(text) and os.path.isfile(text) and not _listed_kind(text):
+        raise CliError(
+            f"{shown}: is a file, and --data takes a folder, a .csv list or .tar shards "
+            "(a list must be a CSV file named *.csv, with a header row path,label)"
+        )
     try:
         index = open_index(text)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: "Install s3fs to ..."
-        raise CliError(f"--data {text}: {_in_cli_terms(str(exc))}") from None
+        raise CliError(f"{shown}: {_in_cli_terms(str(exc))}") from None
     except Exception as exc:  # a filesystem's own (a credentials error): still one line
-        raise CliError(f"--data {text}: {type(exc).__name__}: {exc}") from None
+        raise CliError(f"{shown}: {type(exc).__name__}: {exc}") from None
     if len(index) == 0:  # a CSV list with its header alone, shards with no image
-        raise CliError(f"--data {text}: {index!r} has no samples (an empty list or shard set?)")
+        raise CliError(f"{shown}: {index!r} has no samples (an empty list or shard set?)")
     return index
+
+
+def _listed_kind(path: str) -> bool:
+    """Whether a file's name says a kind `open_index` takes: a .csv list or a tar shard."""
+    from gpu_loader.sources._open import _TAR_SUFFIXES
+
+    return path.lower().endswith((".csv", *_TAR_SUFFIXES))
 
 
 def _in_cli_terms(message: str) -> str:

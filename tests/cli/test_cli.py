@@ -136,6 +136,11 @@ def test_make_dataset_then_inspect(tmp_path: Path) -> None:
     )
     assert listed.returncode == 0, listed.stderr
     assert "inspected 8 of 14 images" in listed.stdout
+    # One image is one image (QA63: "on these 1 images", "only 1 images sampled").
+    alone = run("inspect", "--data", f"file://{listing}", "--samples", "1", "--size", "32",
+                cache=tmp_path)  # fmt: skip
+    assert "on this 1 image" in alone.stdout or "of the 1 image sampled" in alone.stderr
+    assert "1 images" not in alone.stdout + alone.stderr
     # Bad files are named with their key and error, not only counted (QA).
     # 2 in 8 is past the loader's default limit of 1%: a run would stop, not skip them.
     assert "bad files (2 of 8 sampled, 25.0%; more than the loader's default" in listed.stdout
@@ -184,6 +189,14 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
         (("bench", "--only", ""), "--only names no benchmark"),  # it ran every benchmark
         (("bench", "--only", "cpu_loaders", "--out", "/dev/null"), "exists and is not a folder"),
         (("demo", "--bogus"), "gpu-loader demo: error: unrecognized arguments: --bogus"),
+        # QA63: a name with a newline split the error in two; a list named *.txt was
+        # "not a folder"; a missing folder for a list did not name the flag.
+        (("verify", "--data", "/no/such\nfolder"), "--data '/no/such\\nfolder': no such"),
+        (("verify", "--data", "/etc/passwd"), "is a file, and --data takes a folder, a .csv"),
+        (
+            ("verify", "--data", ".", "--good-list", "/no/such/x.csv"),
+            "--good-list /no/such/x.csv: folder /no/such does not exist",
+        ),
         (("--bogus", "demo"), "gpu-loader: error: unrecognized arguments: --bogus"),
     ],
 )
