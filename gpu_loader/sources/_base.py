@@ -89,7 +89,14 @@ def parse_label(text: str, where: str) -> int | None:
     label; None for anything else. ``int()`` alone also took ``1_000`` and full-width
     digits, which no list of labels means."""
     text = text.strip()
-    return check_label(int(text), where) if _INTEGER.fullmatch(text) else None
+    if not _INTEGER.fullmatch(text):
+        return None
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > 19:  # past int64 (and int() refuses more than 4,300 digits: QA63)
+        raise ValueError(
+            f"label of {where} does not fit in int64, got {text[:24]}... ({len(digits):,} digits)"
+        )
+    return check_label(int(text), where)
 
 
 def check_labels_index(

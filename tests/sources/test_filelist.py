@@ -113,6 +113,8 @@ def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
         # (Python 3.10's csv module refuses the line itself: "line contains NUL")
         ("path,label\na\x00.jpg,1\n", r"line 2: (path 'a\\x00\.jpg' holds a|line contains) NUL"),
         (f"path,label\na.jpg,{2**70}\n", "line 2 does not fit in int64"),
+        # QA63: past 4,300 digits Python's own error, naming neither the CSV nor the line.
+        ("path,label\na.jpg," + "1" * 5000 + "\n", r"line 2 does not fit .*5,000 digits"),
         ("path,label\na.jpg,1_000\n", "line 2: label '1_000' is not an integer"),
         ('path,label\n"a\nb.jpg",1\nc.jpg,x\n', "line 4: label 'x'"),  # lines, not rows
         # A quote left open took every later row into one path, with no error.
@@ -125,6 +127,11 @@ def test_bad_csv_is_a_clear_error(tmp_path: Path, text: str, match: str) -> None
     (tmp_path / "l.csv").write_text(text)
     with pytest.raises(ValueError, match=match):
         FileList.from_csv(tmp_path / "l.csv")
+
+
+def test_a_label_s_leading_zeros_do_not_count_as_digits(tmp_path: Path) -> None:
+    (tmp_path / "l.csv").write_text("path,label\na.jpg,-" + "0" * 30 + "7\n")
+    assert FileList.from_csv(tmp_path / "l.csv").labels.tolist() == [-7]
 
 
 def test_missing_csv_and_missing_sample(tmp_path: Path) -> None:
