@@ -207,6 +207,11 @@ def _affixes(base: str) -> tuple[str, str]:
 
 
 def _join(base: str, entry: str) -> str:
+    local_base = _io.local_path(base)
+    if entry.startswith(_io.LOCAL_SCHEMES) and local_base is not None:
+        scheme, _, rest = entry.partition("://")
+        if not os.path.isabs(rest):  # a list's file://imgs/a.jpg: from the list's folder,
+            return f"{scheme}://{os.path.join(local_base, rest)}"  # as imgs/a.jpg (QA63)
     if _absolute(entry):
         return entry
     prefix, suffix = _affixes(base)

@@ -414,3 +414,16 @@ def test_dot_dot_after_a_symlink_names_the_link_target_s_parent(tmp_path: Path) 
     # A ".." after a plain folder, and "." and "//", are still tidied away.
     plain = FileList.from_csv(f"{tmp_path}/real/./ds/cat/..//l.csv")
     assert plain.key(0) == os.path.join(tmp_path, "real/ds/cat/x.jpg")
+
+
+def test_a_csv_s_relative_file_url_is_taken_from_the_csv_s_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # QA63: "file://imgs/a.jpg" in a list was read from the working folder, unlike
+    # "imgs/a.jpg" beside it: found only when run from the list's own folder.
+    data = write(tmp_path / "lists" / "imgs" / "a.jpg", image_bytes(1)).read_bytes()
+    (tmp_path / "lists" / "l.csv").write_text("path,label\nfile://imgs/a.jpg,1\nimgs/a.jpg,2\n")
+    monkeypatch.chdir(tmp_path)
+    for named in (tmp_path / "lists" / "l.csv", f"file://{tmp_path}/lists/l.csv"):
+        index = FileList.from_csv(named)
+        assert index.read(0) == index.read(1) == data, index.key(0)
