@@ -191,13 +191,22 @@ def _is_sample(name: str, exts: tuple[str, ...], other: Counter[str]) -> bool:
 
 
 def _folders_above(root: str) -> frozenset[tuple[int, int]]:
-    """``(device, inode)`` of ``root`` and of every folder above it, up to ``/``."""
+    """``(device, inode)`` of ``root`` and of every folder above it, up to ``/``: both
+    those the path goes through as written and those above it on disk (QA64: with only
+    the latter, a root reached through a symlink entered a link back to the folder
+    holding that symlink; with only the former, one written "lnk/.." entered a link back
+    to its real parent)."""
     found = set()
-    start = PurePath(os.path.realpath(root))  # the folders above it on disk
-    for folder in (start, *start.parents):
-        with contextlib.suppress(OSError):
-            info = os.stat(folder)
-            found.add((info.st_dev, info.st_ino))
+    # As written: up to the component a first ".." takes back ("a/lnk/.." goes through
+    # "a", but "a/lnk", the link's target, is no folder above it).
+    written = PurePath(_io.absolute(root))
+    if ".." in written.parts:
+        written = PurePath(*written.parts[: written.parts.index("..") - 1])
+    for start in (written, PurePath(os.path.realpath(root))):
+        for folder in (start, *start.parents):
+            with contextlib.suppress(OSError):
+                info = os.stat(folder)
+                found.add((info.st_dev, info.st_ino))
     return frozenset(found)
 
 

@@ -600,6 +600,32 @@ def test_a_root_through_a_symlink_and_dot_dot_reads_the_files_it_lists(tmp_path:
     assert index.classes == ["cat"] and index.read(0) == b"\xff\xd8 the listed file"
 
 
+def test_a_link_back_above_a_root_reached_through_a_symlink_is_not_entered(
+    tmp_path: Path,
+) -> None:
+    # QA64: the folders above the root were taken on disk only, so a link back to the
+    # folder holding the symlink the root was named through listed that folder's files.
+    (tmp_path / "real" / "cls").mkdir(parents=True)
+    (tmp_path / "real" / "cls" / "r.jpg").write_bytes(b"\xff\xd8")
+    (tmp_path / "data" / "junk").mkdir(parents=True)
+    (tmp_path / "data" / "junk" / "j.jpg").write_bytes(b"\xff\xd8")
+    (tmp_path / "data" / "lnk").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "cls" / "back").symlink_to(tmp_path / "data")
+    index = ImageFolder(tmp_path / "data" / "lnk")
+    assert [index.key(i) for i in range(len(index))] == [str(tmp_path / "data/lnk/cls/r.jpg")]
+    # Written "lnk/..", the folders above are those above the link's target's parent.
+    (tmp_path / "real" / "cls" / "back").unlink()
+    (tmp_path / "real" / "cls" / "back").symlink_to(tmp_path / "real")
+    (tmp_path / "real" / "cls" / "x.jpg").write_bytes(b"\xff\xd8")
+    (tmp_path / "real" / "stray.jpg").write_bytes(b"\xff\xd8")  # in no class
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "lnk").symlink_to(tmp_path / "real" / "cls")
+    index = ImageFolder(f"{tmp_path}/a/lnk/..")
+    assert [index.key(i) for i in range(len(index))] == [
+        f"{tmp_path}/a/lnk/../cls/{name}" for name in ("r.jpg", "x.jpg")
+    ]
+
+
 def test_a_link_to_the_root_is_not_entered_so_no_file_gets_another_label(
     tree: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
