@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import gpu_loader
-from gpu_loader._failed import is_utf8, shown_key
+from gpu_loader._failed import is_utf8, n_images, shown_key
 from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
@@ -482,7 +482,7 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     classes = min(args.num, args.classes)  # image i goes to class i % classes
     fewer = f" (--classes {args.classes} > --num: one image each)" if classes < args.classes else ""
     print(
-        f"{root}: {args.num} images in {classes} classes{fewer} "
+        f"{root}: {n_images(args.num)} in {classes} class{'' if classes == 1 else 'es'}{fewer} "
         f"({time.perf_counter() - start:.1f} s)"
     )
     return 0

@@ -41,6 +41,7 @@ from gpu_loader.monitor._periodic import check_interval
 from gpu_loader.ops import DEFAULT_MAX_PIXELS, EvalTransform, OutputDtype, TrainTransform
 from gpu_loader.pipeline._defs import check_max_failures
 from gpu_loader.sources import SampleIndex, Sampler, open_index
+from gpu_loader.sources._io import absolute
 from gpu_loader.sources._rng import EPOCH_LIMIT
 from gpu_loader.sources._sampler import IterableSampler
 
@@ -162,7 +163,8 @@ class LoaderOptions:
         if self.batch_timeout_s is not None:
             check_interval("batch_timeout_s", self.batch_timeout_s)
         if self.log_jsonl is not None:
-            folder = os.path.dirname(os.path.abspath(os.fspath(self.log_jsonl)))
+            # ".." after a symlink kept, as the OS reads it (QA64)
+            folder = os.path.dirname(absolute(os.fspath(self.log_jsonl)))
             if not os.path.isdir(folder):
                 raise ValueError(
                     f"`log_jsonl` {self.log_jsonl!r}: its folder {folder!r} does not exist"

@@ -359,8 +359,11 @@ def _require_keyword(
         params = inspect.signature(method).parameters.values()
     except (TypeError, ValueError):  # no signature to read (a builtin): its calls will say
         return
-    if any(p.name == name or p.kind is p.VAR_KEYWORD for p in params):
-        return
+    if any(
+        (p.name == name and p.kind is not p.POSITIONAL_ONLY) or p.kind is p.VAR_KEYWORD
+        for p in params
+    ):
+        return  # the stage passes it by keyword
     raise TypeError(
         f"{what} ({getattr(method, '__qualname__', method)!r}) takes no `{name}` parameter, "
         f"which the transform's {name}={getattr(transform, name)!r} needs: add "

@@ -533,6 +533,8 @@ def test_make_dataset_again_replaces_the_earlier_images(tmp_path: Path) -> None:
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("img_*"))
     assert len(files) == 5 and len({f.split("/")[0] for f in files}) == 5
     assert "5 images in 5 classes (--classes 10 > --num: one image each)" in made.stdout
+    one = run("make-dataset", str(tmp_path / "one"), "--num", "1", *sides, cache=tmp_path)
+    assert "1 image in 1 class (--classes 10 > --num" in one.stdout, one.stdout  # QA64
     assert "replacing an earlier generated dataset (12 images" in made.stderr
     again = run("make-dataset", str(out), "--num", "5", "--classes", "10", *sides, cache=tmp_path)
     assert again.returncode == 0 and "reused (it holds this dataset already)" in again.stderr

@@ -1351,6 +1351,16 @@ def test_cost_lookahead_starts_larger_files_first_within_blocks(unique_list: Fil
     assert loader.batching_stats() is not None and loader.batching_stats().overdue == 0
 
 
+def test_a_log_path_through_a_symlink_and_dot_dot_is_taken(tmp_path: Path) -> None:
+    # QA64: its folder was found by tidying "a/lnk/.." as text: refused as missing.
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "real" / "sub").mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "lnk").symlink_to(tmp_path / "real" / "deep")
+    options = gl.LoaderOptions(log_jsonl=f"{tmp_path}/a/lnk/../sub/log.jsonl")
+    assert options.log_jsonl is not None
+
+
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [

@@ -316,6 +316,17 @@ def test_ports_written_before_the_new_keywords_still_serve_the_defaults(
             next(iter(needs))
         assert needs.failed_samples() == []
 
+    class PositionalOnly(OldLauncher):  # QA64: named, but not to be passed by keyword
+        def launch(self, images: Any, boxes: Any, flips: Any, out_ptr: int, out_h: int,
+                   out_w: int, mean: Any, std: Any, dtype: Any, stream: Any,
+                   interpolation: str = "bilinear", /) -> None:  # fmt: skip
+            raise AssertionError("never called")
+
+    positional = dataclasses.replace(ports, launcher=PositionalOnly(ports.launcher))
+    bicubic = make(unique_list, positional, transform=EvalTransform(SIZE, interpolation="bicubic"))
+    with pytest.raises(TypeError, match="takes no `interpolation` parameter"):
+        next(iter(bicubic))
+
 
 def test_gpu_decode_needs_a_cuda_device_or_ports(unique_list: FileList) -> None:
     # Refused as the loader is made, not at its first batch (QA).

@@ -115,6 +115,9 @@ def test_a_csv_is_not_held_to_the_per_sample_limit_and_any_line_ending_reads(
         (f"path,label\na.jpg,{2**70}\n", "line 2 does not fit in int64"),
         # QA63: past 4,300 digits Python's own error, naming neither the CSV nor the line.
         ("path,label\na.jpg," + "1" * 5000 + "\n", r"line 2 does not fit .*5,000 digits"),
+        # QA64: said "...", as if cut, of a label shown whole; leading zeros shown alone.
+        ("path,label\na.jpg,12345678901234567890\n", r"got 12345678901234567890 \(20 digits\)"),
+        ("path,label\na.jpg,-0000" + "9" * 30 + "\n", r"got -9{20}\.\.\. \(30 digits\)"),
         ("path,label\na.jpg,1_000\n", "line 2: label '1_000' is not an integer"),
         ('path,label\n"a\nb.jpg",1\nc.jpg,x\n', "line 4: label 'x'"),  # lines, not rows
         # A quote left open took every later row into one path, with no error.
