@@ -365,11 +365,11 @@ class ImageLoader:
             source = open_index(source)  # a folder, a .csv list, or .tar shards
         _check_source(source)
         self.source = source
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self.transform = transform
         self.augment = check_augment(augment)
         self.dtype: OutputDtype = dtype
-        self.drop_last = drop_last
+        self._drop_last = drop_last
         self.batching: Batching = batching
         self.on_error: OnError = on_error
         self.max_failures = 0 if on_error == "raise" else max_failures
@@ -466,6 +466,30 @@ class ImageLoader:
         raise AttributeError(
             "an ImageLoader's seed is fixed when it is built (its shuffle, its crops and "
             "its saved states use it): build a new ImageLoader(..., seed=...)"
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: object) -> None:
+        # QA65: an assignment took effect at the next epoch, quietly stopping the running
+        # one; DataLoader refuses it too (its saved states and batch counts depend on it).
+        raise AttributeError(
+            "an ImageLoader's batch_size is fixed when it is built: build a new "
+            "ImageLoader(..., batch_size=...)"
+        )
+
+    @property
+    def drop_last(self) -> bool:
+        return self._drop_last
+
+    @drop_last.setter
+    def drop_last(self, value: object) -> None:
+        raise AttributeError(
+            "an ImageLoader's drop_last is fixed when it is built: build a new "
+            "ImageLoader(..., drop_last=...)"
         )
 
     @property

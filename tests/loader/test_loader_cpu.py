@@ -1463,6 +1463,12 @@ def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList)
         loader.seed = 5  # type: ignore[misc]
     with pytest.raises(AttributeError, match="shuffle is fixed"):
         loader.shuffle = True  # type: ignore[misc]
+    # QA65: batch_size took effect at the next epoch, quietly; DataLoader refuses it.
+    with pytest.raises(AttributeError, match="batch_size is fixed"):
+        loader.batch_size = 4  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="drop_last is fixed"):
+        loader.drop_last = True  # type: ignore[misc]
+    assert loader.batch_size == 8 and loader.drop_last is False
     text = repr(loader)
     assert text.startswith(f"ImageLoader({unique_list!r}, batch_size=8,")
     assert "shuffle=False" in text and f"{len(loader)} batches" in text
