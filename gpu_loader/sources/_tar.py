@@ -102,6 +102,18 @@ class TarShards:
         self._fingerprint: str | None = None
         named = self._labels[self._labels != -1]  # -1: a sample without a .cls
         check_labels_index(named, self.classes, "TarShards", " (-1: no .cls member)")
+        if unlabelled := len(self._labels) - len(named):
+            # QA65: a tar of class folders ("tar cf s.tar class_00 class_01") gave every
+            # sample -1 without a word, and training failed later at its loss.
+            _log.warning(
+                "TarShards: %d of %d samples have no .cls member and get label -1 (labels "
+                "come from a <key>.cls member beside each image, not from folder names: "
+                "for a tar of class folders, use ImageFolder on the folders, or an fsspec "
+                "URL into the tar, tar://::%s)",
+                unlabelled,
+                len(self._labels),
+                shards[0],
+            )
 
     def __len__(self) -> int:
         return len(self._members)

@@ -205,7 +205,9 @@ def test_a_member_name_holding_a_newline_is_a_sample(tmp_path: Path) -> None:
     assert index.labels.tolist() == [2, 1] and index.read(0) == data
 
 
-def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_path: Path) -> None:
+def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         tar.addfile(tarfile.TarInfo("dir"))  # a directory entry: skipped
@@ -219,10 +221,13 @@ def test_missing_cls_gives_label_minus_one_and_extra_members_are_ignored(tmp_pat
         add_member(tar, "d.cls", b"4")
     path = tmp_path / "x.tar"
     path.write_bytes(out.getvalue())
-    index = TarShards([str(path)])
+    with caplog.at_level("WARNING", logger="gpu_loader.sources"):
+        index = TarShards([str(path)])
     keys = [index.key(i).split(":")[-1] for i in range(len(index))]
     assert keys == ["a.jpg", "c.png", "d.JPG"]
     assert index.labels.tolist() == [-1, 3, 4]
+    # QA65: a tar of class folders was all -1 without a word.
+    assert "1 of 3 samples have no .cls member and get label -1" in caplog.text
 
 
 def test_images_and_labels_no_sample_takes_are_named_in_a_warning(
