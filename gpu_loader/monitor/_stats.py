@@ -132,6 +132,13 @@ class LoaderStats:
                 f"{self.samples}, {self.batches}, {self.failures}"
             )
 
+    def __str__(self) -> str:
+        """The report `gpu-loader demo` prints, for ``print(loader.stats())`` (QA65: the
+        dataclass's one line of 2,500 characters); ``repr`` keeps every field."""
+        from ._summary import format_summary
+
+        return format_summary(self)
+
     def as_dict(self) -> dict[str, float | int | str]:
         """A flat dict for TensorBoard or any logger; fields that are None are left out.
 
