@@ -137,9 +137,11 @@ def _reading(rate: float, batch_rate: float, stall: float, batch_size: int, step
         f"reading      : the simulated step alone would consume {wanted:,.0f} samples/s "
         f"({batch_size} per {step_s * 1000:.0f} ms); the loader delivered {rate:,.0f}/s, and "
         f"the training loop waited {waited_ms:.1f} ms a batch for it ({stall:.0%}), besides "
-        f"the step and {other_ms:.0f} ms of its own per batch. A step of about "
-        f"{step_s * 1000 + waited_ms:.0f} ms or more (--step-ms) would not wait; more CPU "
-        "cores (or a GPU) would raise the loader's rate."
+        f"the step and {other_ms:.0f} ms a batch of its own (its work with the batch, and "
+        f"waiting for CPU time the loader's threads held). A step of about "
+        f"{step_s * 1000 + waited_ms:.0f} ms or more (--step-ms) should not wait (an "
+        "estimate: the loader's rate varies); more CPU cores (or a GPU) would raise the "
+        "loader's rate."
     )
 
 
