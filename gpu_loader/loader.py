@@ -1128,6 +1128,9 @@ _DATALOADER_ARGS = {
     "num_workers": "use LoaderOptions(decode_threads=n) (threads, not processes; default: "
     "the CPU count)",
     "pin_memory": "use LoaderOptions(pin_memory=True)",
+    "pin_memory_device": "not needed (batches arrive on `device`, staged in pinned "
+    "memory on their way to a CUDA one; LoaderOptions(pin_memory=True) pins batches that "
+    "stay on the CPU)",
     "prefetch_factor": "use LoaderOptions(prefetch_batches=n), in batches for the loader",
     "persistent_workers": "not needed (threads start with each epoch, in milliseconds)",
     "collate_fn": "not supported (batches are always images [B, 3, H, W] and int64 labels "

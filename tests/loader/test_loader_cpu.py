@@ -1442,6 +1442,8 @@ def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList)
     # attributes: each refusal names what takes its place.
     with pytest.raises(TypeError, match=r"no `num_workers` .*LoaderOptions\(decode_threads=n\)"):
         make(unique_list, num_workers=4)
+    with pytest.raises(TypeError, match=r"no `pin_memory_device` .*batches arrive on `device`"):
+        make(unique_list, pin_memory_device="cuda")  # QA65: the generic "unexpected"
     with pytest.raises(TypeError, match=r"no `collate_fn` .*; no `pin_memory` .*pin_memory=True"):
         make(unique_list, collate_fn=None, pin_memory=True)
     with pytest.raises(TypeError, match=r"no `timeout` .*LoaderOptions\(batch_timeout_s="):
