@@ -191,8 +191,20 @@ def _check_source(source: object) -> None:
             "`source` must be a path or URL, or a sample index such as "
             "gpu_loader.sources.ImageFolder(path), FileList(...) or TarShards(...) (the "
             "gpu_loader.sources.SampleIndex protocol); "
-            f"{type(source).__name__} has no {', '.join(missing)}"
+            f"{type(source).__name__} has no {', '.join(missing)}{_source_hint(source)}"
         )
+
+
+def _source_hint(source: object) -> str:
+    """What to pass instead of two things a DataLoader user reaches for (QA65)."""
+    if isinstance(source, list | tuple):
+        return " (a list of (path, label) pairs goes in gpu_loader.sources.FileList(pairs))"
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        return (
+            " (a map-style Dataset's samples are read by the loader itself: give it their "
+            "files, e.g. FileList(dataset.samples) for a torchvision ImageFolder)"
+        )
+    return ""
 
 
 def _check_int(name: str, value: object, least: int, what: str = "") -> None:

@@ -1450,6 +1450,20 @@ def test_dataloader_habits_get_answers_not_generic_errors(unique_list: FileList)
         make(unique_list, timeout=30)
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
         make(unique_list, batchsize=8)
+    # QA65: a list of pairs, or a map-style Dataset, was refused without the way in.
+    pairs = [(unique_list.key(i), i) for i in range(len(unique_list))]
+    with pytest.raises(TypeError, match=r"pairs goes in gpu_loader\.sources\.FileList\(pairs\)"):
+        make(pairs)
+
+    class MapStyle(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return len(pairs)
+
+        def __getitem__(self, i: int) -> Any:
+            return pairs[i]
+
+    with pytest.raises(TypeError, match=r"FileList\(dataset\.samples\) for a torchvision"):
+        make(MapStyle())
     for name in ("shuffle", "drop_last"):  # "False" is a true string
         with pytest.raises(TypeError, match=f"`{name}` must be True or False, got 'False'"):
             make(unique_list, **{name: "False"})
