@@ -30,7 +30,8 @@ class Batch(_Pair):
 
     ``indices`` is an ``[N]`` int64 CPU tensor of positions in the loader's source
     (``loader.dataset``), row for row. A batch rebuilt from its fields (by ``pin_memory``,
-    ``tree_map``, ``Batch(images, labels)``) has ``indices`` None.
+    ``tree_map``, ``Batch(images, labels)``) has ``indices`` None; ``_replace`` keeps
+    them while the images keep their row count.
     """
 
     indices: torch.Tensor | None = None
@@ -50,6 +51,17 @@ class Batch(_Pair):
             batch.indices = torch.from_numpy(indices)
             batch._origin = source
         return batch
+
+    def _replace(self, /, **fields: Any) -> Batch:
+        """A copy with fields replaced, as a named tuple's (``batch._replace(images=
+        images.cuda())``); it keeps naming its rows while its images keep their row count
+        (QA65: ``indices`` was dropped)."""
+        new = Batch(fields.pop("images", self.images), fields.pop("labels", self.labels))
+        if fields:
+            raise ValueError(f"Batch has no field(s) {sorted(fields)}: only images, labels")
+        if self.indices is not None and len(new.images) == len(self.indices):
+            new.indices, new._origin = self.indices, self._origin
+        return new
 
     def keys(self) -> list[str]:
         """Each row's sample key (its path, URL or ``shard:member``)."""

@@ -196,6 +196,13 @@ def test_each_batch_names_its_samples_row_for_row(
     assert moved.indices is None
     with pytest.raises(ValueError, match="rebuilt"):
         moved.keys()
+    # _replace keeps the rows' names while the rows stay (QA65: dropped them).
+    halved = batch._replace(images=images * 0.5)
+    assert torch.equal(halved.images, images * 0.5) and halved.labels is labels
+    assert halved.keys() == batch.keys() and halved.indices is batch.indices
+    assert batch._replace(images=images[:1]).indices is None  # other rows: no names
+    with pytest.raises(ValueError, match="no field"):
+        batch._replace(pixels=images)
 
 
 # Ordered mode one sample per call and in runs of 4 (a run's failed samples are kept by
