@@ -207,6 +207,14 @@ def _source_hint(source: object) -> str:
     return ""
 
 
+def _fixed_when_built(name: str, why: str = "") -> AttributeError:
+    """The refusal of an assignment to an `ImageLoader` setting fixed when it is built."""
+    return AttributeError(
+        f"an ImageLoader's {name} is fixed when it is built{why}: build a new "
+        f"ImageLoader(..., {name}=...)"
+    )
+
+
 def _check_int(name: str, value: object, least: int, what: str = "") -> None:
     """An option that must be a whole number of at least ``least``: True and False are not
     (as ``max_delay_batches=True``, quietly 1)."""
@@ -475,10 +483,7 @@ class ImageLoader:
 
     @seed.setter
     def seed(self, value: object) -> None:
-        raise AttributeError(
-            "an ImageLoader's seed is fixed when it is built (its shuffle, its crops and "
-            "its saved states use it): build a new ImageLoader(..., seed=...)"
-        )
+        raise _fixed_when_built("seed", " (its shuffle, its crops and its saved states use it)")
 
     @property
     def batch_size(self) -> int:
@@ -488,10 +493,7 @@ class ImageLoader:
     def batch_size(self, value: object) -> None:
         # QA65: an assignment took effect at the next epoch, quietly stopping the running
         # one; DataLoader refuses it too (its saved states and batch counts depend on it).
-        raise AttributeError(
-            "an ImageLoader's batch_size is fixed when it is built: build a new "
-            "ImageLoader(..., batch_size=...)"
-        )
+        raise _fixed_when_built("batch_size")
 
     @property
     def drop_last(self) -> bool:
@@ -499,10 +501,7 @@ class ImageLoader:
 
     @drop_last.setter
     def drop_last(self, value: object) -> None:
-        raise AttributeError(
-            "an ImageLoader's drop_last is fixed when it is built: build a new "
-            "ImageLoader(..., drop_last=...)"
-        )
+        raise _fixed_when_built("drop_last")
 
     @property
     def shuffle(self) -> bool:
@@ -510,10 +509,7 @@ class ImageLoader:
 
     @shuffle.setter
     def shuffle(self, value: object) -> None:
-        raise AttributeError(
-            "an ImageLoader's shuffle is fixed when it is built: build a new "
-            "ImageLoader(..., shuffle=...)"
-        )
+        raise _fixed_when_built("shuffle")
 
     def __repr__(self) -> str:
         sampler = self.sampler
