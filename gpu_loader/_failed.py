@@ -51,6 +51,6 @@ def shown_key(key: str) -> str:
     return key if is_utf8(key) and key.isprintable() else repr(key)
 
 
-def n_images(n: int) -> str:
-    """``n`` images, as the commands' reports count them ("1 image", "1,200 images")."""
-    return f"{n:,} image" if n == 1 else f"{n:,} images"
+def counted(n: int, noun: str) -> str:
+    """``n`` of ``noun``, as the commands' reports count ("1 image", "1,200 files")."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import gpu_loader
-from gpu_loader._failed import is_utf8, n_images, shown_key
+from gpu_loader._failed import counted, is_utf8, shown_key
 from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
@@ -482,7 +482,8 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     classes = min(args.num, args.classes)  # image i goes to class i % classes
     fewer = f" (--classes {args.classes} > --num: one image each)" if classes < args.classes else ""
     print(
-        f"{root}: {n_images(args.num)} in {classes} class{'' if classes == 1 else 'es'}{fewer} "
+        f"{root}: {counted(args.num, 'image')} in {classes} "
+        f"class{'' if classes == 1 else 'es'}{fewer} "
         f"({time.perf_counter() - start:.1f} s)"
     )
     return 0
@@ -593,14 +594,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json is not None:
         listed = json.dumps([dataclasses.asdict(b) for b in bad], indent=1)
         wrote_json = write(args.json, listed)
-    files = "file" if total == 1 else "files"
-    print(f"checked {total:,} {files} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
+    print(f"checked {counted(total, 'file')} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     folder = index if isinstance(index, gpu_loader.sources.ImageFolder) else None
     if folder is not None and (other := folder.passed_over):
         count = sum(other.values())
         kinds = ", ".join(f"{ext or '(no extension)'} {n:,}" for ext, n in other.items())
         print(
-            f"passed over {count:,} {'file' if count == 1 else 'files'} in the class folders, "
+            f"passed over {counted(count, 'file')} in the class folders, "
             f"which the loader does not read either: {kinds} (it reads "
             f"{' '.join(folder.extensions)}; to check others, list them in a CSV: path,label)"
         )

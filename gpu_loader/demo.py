@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_loader._failed import n_images, shown_key
+from gpu_loader._failed import counted, shown_key
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +77,7 @@ def run_demo(
         failed = loader.failed_samples()
     decoded_on = "gpu" if loader.decodes_on_gpu else "cpu"
     lines = [
-        f"gpu-loader demo: {n_images(len(index))}, {epochs} epoch(s), batch {batch_size}, "
+        f"gpu-loader demo: {counted(len(index), 'image')}, {epochs} epoch(s), batch {batch_size}, "
         f"{size}x{size}, device {loader.device}, decode on {decoded_on}, batching {batching}, "
         f"{loader.decode_threads} decode thread(s), simulated step {step_s * 1000:.0f} ms",
         "",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpu_loader._failed import n_images, shown_key
+from gpu_loader._failed import counted, shown_key
 
 if TYPE_CHECKING:
     from gpu_loader.sources import SampleIndex
@@ -242,7 +242,7 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     decode_profiles = profile_stage("decode", decode, readable, counts)
     if len(bad) == count:  # nothing to time: the rates would be of failures
         raise ValueError(
-            f"none of the {n_images(count)} sampled could be read and decoded, so there is "
+            f"none of the {counted(count, 'image')} sampled could be read and decoded, so there is "
             f"nothing to profile{format_bad_files(index, bad, count, limit=5)}"
         )
     blobs.clear()
@@ -251,12 +251,12 @@ def inspect_folder(index: SampleIndex, *, samples: int = 256, size: int = 224) -
     if (decoded := count - len(bad)) < FEW_GOOD:
         report += (
             (
-                f"\nnote: only {decoded} of the {n_images(count)} sampled decoded; rates from so "
-                "few are rough (clean the data, or sample more with --samples)"
+                f"\nnote: only {decoded} of the {counted(count, 'image')} sampled decoded; "
+                "rates from so few are rough (clean the data, or sample more with --samples)"
             )
             if bad
             else (
-                f"\nnote: only {n_images(count)} sampled; rates from so few are rough "
+                f"\nnote: only {counted(count, 'image')} sampled; rates from so few are rough "
                 "(sample more with --samples)"
             )
         )
@@ -300,7 +300,7 @@ def format_report(
     decode_best = max(p.items_per_s for p in decode_profiles)
     bottleneck = "decode" if decode_best < read_best else "read"
     lines = [
-        f"inspected {count} of {n_images(len(index))}"
+        f"inspected {count} of {counted(len(index), 'image')}"
         + (" (spread over the index)" if count < len(index) else "")
         + f" on {cpus} CPU(s); each rate is the faster of two runs of {MIN_TIMED_S:g} s or "
         + f"{MAX_PASSES} passes over them, whichever ends first",
@@ -316,7 +316,7 @@ def format_report(
         f"best decode {decode_best:.0f} img/s)",
         f"recommended: LoaderOptions(io_threads={io_threads}, decode_threads={decode_threads})"
         f" -> {loader_img_s:.0f} img/s measured through ImageLoader on "
-        f"{'this' if count == 1 else 'these'} {n_images(count)}"
+        f"{'this' if count == 1 else 'these'} {counted(count, 'image')}"
         + (
             f" (the stages alone allow {alone:.0f}; the loader adds its own per-sample "
             "work, and its stages share the CPUs)"
