@@ -407,9 +407,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(f"--device must be auto, cpu, cuda or cuda:N, got {args.device!r}")
     if args.step_ms < 0:
         raise CliError(f"--step-ms must be >= 0, got {args.step_ms}")
-    _check_output_paths(
-        {"--json": args.json, "--log-jsonl": args.log_jsonl}
-    )  # before the run, which they outlive
+    # Before the run, which they outlive.
+    _check_output_paths({"--json": args.json, "--log-jsonl": args.log_jsonl})
     try:  # before the demo dataset is made: that takes a while
         resolved = _resolve_device(device)
     except (ValueError, RuntimeError) as exc:
@@ -530,9 +529,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         _positive("threads", args.threads)
-    _check_output_paths(
-        {"--good-list": args.good_list, "--json": args.json}
-    )  # before the run, not after it
+    # Before the run, not after it.
+    _check_output_paths({"--good-list": args.good_list, "--json": args.json})
     _check_backend()
     index = _open_data(args.data)
     if args.good_list is not None and isinstance(index, gpu_loader.sources.TarShards):

@@ -93,7 +93,8 @@ def parse_label(text: str, where: str) -> int | None:
         return None
     digits = text.lstrip("+-").lstrip("0")
     if len(digits) > 19:  # past int64 (and int() refuses more than 4,300 digits: QA63)
-        shown = text[0] * (text[0] in "+-") + (digits if len(digits) <= 24 else f"{digits[:20]}...")
+        sign = text[0] if text[0] in "+-" else ""
+        shown = sign + (digits if len(digits) <= 24 else f"{digits[:20]}...")
         raise ValueError(
             f"label of {where} does not fit in int64, got {shown} ({len(digits):,} digits)"
         )
