@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -667,7 +667,7 @@ class EpochBase:
         return self.loader._straggler_threshold(name)
 
     # -- consuming -----------------------------------------------------------------------
-    def batches(self) -> Iterator[Yielded]:
+    def batches(self) -> Generator[Yielded, None, None]:
         """The generator the training loop iterates."""
         if self.unstarted is not None:
             self.unstarted.detach()  # started: its own exit closes the epoch from here on

@@ -18,7 +18,7 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -600,7 +600,7 @@ class ImageLoader:
             self._epoch_begun = True
             self._restored = False
             self._stop_epoch("a new iteration over the loader started")
-            return iter(())
+            return _EpochBatches(_no_batches(), 0)
         self._epoch_done = False
         self._explicit_epoch = False
         self._epoch_begun = True
@@ -637,7 +637,7 @@ class ImageLoader:
         epoch.unstarted = weakref.finalize(iterator, _close_abandoned, epoch)
         epoch.unstarted.atexit = False  # no threads to stop yet: nothing to do at exit
         self._iterator = weakref.ref(iterator)
-        return iterator
+        return _EpochBatches(iterator, max(len(self) - epoch.received.batches, 0))
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -1110,6 +1110,41 @@ class ImageLoader:
 
     def _epoch_finished(self) -> None:
         self._epoch_done = True
+
+
+class _EpochBatches(Iterator["Batch"]):
+    """What ``iter(loader)`` returns: the epoch's generator, with a length as
+    DataLoader's iterator has one (``tqdm(iter(loader))``, ``len(it)``): the batches this
+    pass owes, which is `len(loader)` less those a resumed epoch had handed over. A pass
+    yields that many unless whole batches' samples failed (and no other batch was left to
+    split); a distributed one always does. ``close``, ``send`` and ``throw`` are the
+    generator's."""
+
+    __slots__ = ("__weakref__", "_gen", "_len")
+
+    def __init__(self, gen: Generator[Batch, None, None], length: int) -> None:
+        self._gen = gen
+        self._len = length
+
+    def __next__(self) -> Batch:
+        return next(self._gen)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def send(self, value: None) -> Batch:
+        return self._gen.send(value)
+
+    def throw(self, exc: BaseException) -> Batch:
+        return self._gen.throw(exc)
+
+    def close(self) -> None:
+        """Stop the epoch, as leaving a ``for`` loop does."""
+        self._gen.close()
+
+
+def _no_batches() -> Generator[Batch, None, None]:
+    yield from ()
 
 
 def _close_abandoned(epoch: EpochBase) -> None:

@@ -1048,3 +1048,33 @@ def test_a_ctrl_c_inside_an_events_set_leaves_it_usable() -> None:
             set_first += event.is_set()
             assert _still_works(event), (kind.__name__, at)
         assert at > broken and set_first > 0, kind.__name__
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_the_iterator_has_the_batches_this_pass_owes_as_its_length(
+    unique_list: FileList, batching: str
+) -> None:
+    # As DataLoader's iterator: tqdm(iter(loader)) and len(it) read it. After a resume it
+    # is what the epoch has left, not a full epoch.
+    def make() -> gl.ImageLoader:
+        return gl.ImageLoader(
+            unique_list, batch_size=5, transform=EvalTransform(32), batching=batching
+        )
+
+    loader = make()
+    it = iter(loader)
+    assert len(it) == len(loader) == 10  # 48 samples, the last batch short
+    assert sum(1 for _ in it) == 10
+    it = iter(loader)  # epoch 1
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = iter(resumed)
+    assert len(rest) == 7
+    assert sum(len(b.labels) for b in rest) == 48 - 15
+    assert len(iter(resumed)) == 10  # the next epoch, whole
+    resumed.close()
