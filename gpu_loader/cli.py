@@ -294,12 +294,13 @@ _DATA_HELP = (
 def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
     """What ``--data`` names, opened as `ImageLoader` would (`sources.open_index`)."""
     from gpu_loader.sources import is_url, open_index
+    from gpu_loader.sources._open import kind_by_name
 
     text = os.fspath(location)  # a str: a Path would turn memory://x into memory:/x
     shown = f"--data {shown_key(text)}"  # one line, whatever the name holds (QA63)
     if not is_url(text) and "{" not in text and not os.path.exists(text):
         raise CliError(f"{shown}: no such folder or file")
-    if not is_url(text) and os.path.isfile(text) and not _listed_kind(text):
+    if not is_url(text) and os.path.isfile(text) and kind_by_name(text) == "folder":
         raise CliError(
             f"{shown}: is a file, and --data takes a folder, a .csv list or .tar shards "
             "(a list must be a CSV file named *.csv, with a header row path,label)"
@@ -313,13 +314,6 @@ def _open_data(location: str | Path) -> gpu_loader.sources.SampleIndex:
     if len(index) == 0:  # a CSV list with its header alone, shards with no image
         raise CliError(f"{shown}: {index!r} has no samples (an empty list or shard set?)")
     return index
-
-
-def _listed_kind(path: str) -> bool:
-    """Whether a file's name says a kind `open_index` takes: a .csv list or a tar shard."""
-    from gpu_loader.sources._open import _TAR_SUFFIXES
-
-    return path.lower().endswith((".csv", *_TAR_SUFFIXES))
 
 
 def _in_cli_terms(message: str) -> str:

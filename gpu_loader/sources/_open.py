@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from gpu_loader.sources import _io
 from gpu_loader.sources._base import SampleIndex
@@ -25,18 +26,26 @@ def open_index(path_or_url: str | os.PathLike[str]) -> SampleIndex:
     # A folder or list named with braces ("x{a,b}") is not a pattern.
     literal = "{" in location and _exists(location)
     shards = [location] if literal else expand_urls(location)
-    # By the link naming the file: a CSV inside a zip (zip://l.csv::s3://b/z.zip) was taken
-    # for a folder, "not a folder" (QA).
-    if all(_io.path_link(s).lower().endswith(_TAR_SUFFIXES) for s in shards):
+    if all(kind_by_name(s) == "tar" for s in shards):
         return TarShards(shards)  # a compressed one is refused there, saying why
     if len(shards) > 1:
         raise ValueError(
             f"the brace pattern {location!r} expands to several paths that are not all .tar "
             "shards; only tar shards can be given as a pattern"
         )
-    if _io.path_link(location).lower().endswith(".csv"):
+    if kind_by_name(location) == "csv":
         return FileList.from_csv(location)
     return ImageFolder(location)
+
+
+def kind_by_name(location: str) -> Literal["tar", "csv", "folder"]:
+    """What `open_index` takes ``location`` for, by its name alone: a tar shard, a CSV
+    list, or else a folder. The name is the link naming the file (a CSV inside a zip,
+    ``zip://l.csv::s3://b/z.zip``, is a list: QA, it was taken for a folder)."""
+    name = _io.path_link(location).lower()
+    if name.endswith(_TAR_SUFFIXES):
+        return "tar"
+    return "csv" if name.endswith(".csv") else "folder"
 
 
 def _exists(location: str) -> bool:
