@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
             "the report: throughput, data-stall %, GPU idleness (or 'no GPU'), a per-stage "
             "table, the bottleneck and failures. Without --data it uses a built-in dataset of "
             "generated photo-like images, created once in the cache folder "
-            "($GPU_LOADER_CACHE, else $XDG_CACHE_HOME/gpu_loader or ~/.cache/gpu_loader)."
+            "($GPU_LOADER_CACHE, else $XDG_CACHE_HOME/gpu_loader or ~/.cache/gpu_loader, else "
+            "a per-user folder in the temporary directory)."
         ),
     )
     demo.add_argument("--data", help=_DATA_HELP)

@@ -297,7 +297,8 @@ class ImageLoader:
     the first failure, with the same exception.
 
     ``sample_weights`` (one number >= 0 per sample of the source, in its order) makes
-    each epoch draw ``len(source)`` samples with replacement in proportion to them, as
+    each epoch draw ``len(source)`` samples (rounded up to a multiple of the world size)
+    with replacement in proportion to them, as
     ``WeightedRandomSampler`` does (class balancing: weight each sample by one over its
     class's count), from ``(seed, epoch)``, so ranks split one draw and a resume sees the
     same; a sample may then come more than once per epoch, and one of weight 0 never.
