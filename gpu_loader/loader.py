@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import itertools
 import logging
 import operator
 import os
@@ -30,6 +31,7 @@ from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
 from gpu_loader._run_sizer import RunSizer
 from gpu_loader.batching import AdaptiveThreshold
+from gpu_loader.batching._ledger import brief
 from gpu_loader.monitor import (
     JsonlLogger,
     Monitor,
@@ -692,16 +694,21 @@ class ImageLoader:
             )
         # A copy, checked and kept: the caller's dict changed after this call (QA) changed
         # the resume, past every check made here.
-        state = copy.deepcopy(dict(state))
+        try:
+            state = copy.deepcopy(dict(state))
+        except RecursionError:  # QA66: a hand-built state nested 5,000 lists deep
+            raise ValueError(
+                "loader state is nested too deeply to be what ImageLoader.state_dict() returned"
+            ) from None
         if type(state.get("version")) is not int or state["version"] != _STATE_VERSION:
             raise ValueError(
-                f"unsupported loader state version {state.get('version')!r}; "
+                f"unsupported loader state version {brief(state.get('version'))}; "
                 f"this gpu_loader writes version {_STATE_VERSION}"
             )
         for name in ("batch_size", "drop_last", "batching"):
             if state.get(name) != getattr(self, name):
                 raise ValueError(
-                    f"state was saved with {name}={state.get(name)!r} but this loader has "
+                    f"state was saved with {name}={brief(state.get(name))} but this loader has "
                     f"{name}={getattr(self, name)!r}; build the loader with the same settings"
                 )
         if "sampler" not in state:
@@ -717,7 +724,8 @@ class ImageLoader:
         if not isinstance(state.get("epoch_done", False), bool):
             # bool("false") is True: a str from a config store skipped the epoch (QA)
             raise ValueError(
-                f"loader state's 'epoch_done' must be True or False, got {state['epoch_done']!r}"
+                "loader state's 'epoch_done' must be True or False, got "
+                f"{brief(state['epoch_done'])}"
             )
         resume = state.get("batcher")
         if resume is not None:
@@ -1113,22 +1121,27 @@ class ImageLoader:
         self._epoch_done = True
 
 
-class _EpochBatches(Iterator["Batch"]):
+class _EpochBatches(itertools.chain["Batch"]):
     """What ``iter(loader)`` returns: the epoch's generator, with a length as
     DataLoader's iterator has one (``tqdm(iter(loader))``, ``len(it)``): the batches this
     pass owes, which is `len(loader)` less those a resumed epoch had handed over. A pass
     yields that many unless whole batches' samples failed (and no other batch was left to
     split); a distributed one always does. ``close``, ``send`` and ``throw`` are the
-    generator's."""
+    generator's.
+
+    ``next()`` is `itertools.chain`'s, in C: a Python ``__next__`` around the generator
+    was a frame in which a Ctrl-C could land after the batch was recorded as handed over
+    and before the loop had it (QA66: the resume then skipped that batch's samples)."""
 
     __slots__ = ("__weakref__", "_gen", "_len")
+    _gen: Generator[Batch, None, None]
+    _len: int
 
-    def __init__(self, gen: Generator[Batch, None, None], length: int) -> None:
+    def __new__(cls, gen: Generator[Batch, None, None], length: int) -> _EpochBatches:
+        self = super().__new__(cls, gen)
         self._gen = gen
         self._len = length
-
-    def __next__(self) -> Batch:
-        return next(self._gen)
+        return self
 
     def __len__(self) -> int:
         return self._len

@@ -1078,3 +1078,43 @@ def test_the_iterator_has_the_batches_this_pass_owes_as_its_length(
     assert sum(len(b.labels) for b in rest) == 48 - 15
     assert len(iter(resumed)) == 10  # the next epoch, whole
     resumed.close()
+
+
+def test_nothing_between_the_epoch_and_a_for_loop_can_lose_a_recorded_batch(
+    unique_list: FileList,
+) -> None:
+    # The epoch takes a batch's record back if a Ctrl-C lands before its `yield`. A Python
+    # frame between that yield and the loop (QA66: `iter(loader)`'s wrapper, `__next__`)
+    # is a place where a Ctrl-C lands after the record and before the loop has the batch:
+    # the resume then skipped it. Each frame that returns a batch to the loop is found
+    # here; any but the epoch's generator is interrupted as it returns, as a Ctrl-C would.
+    from gpu_loader._batch import Batch
+    from gpu_loader._epoch import EpochBase
+
+    loader = make(unique_list)
+    seen: list[int] = []
+    handing: set[str] = set()
+    loop = sys._getframe()
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "return" and isinstance(arg, Batch) and frame.f_back is loop:
+            handing.add(frame.f_code.co_qualname)
+            if frame.f_code is not EpochBase.batches.__code__:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return local
+
+    sys.settrace(lambda frame, event, arg: local)
+    try:
+        for _, labels in loader:
+            seen.extend(labels.tolist())
+    except KeyboardInterrupt:
+        state = loader.state_dict()
+        resumed = make(unique_list)
+        resumed.load_state_dict(state)
+        seen += [int(v) for _, y in resumed for v in y]
+    finally:
+        sys.settrace(None)
+        loader.close()
+    assert sorted(seen) == list(range(len(unique_list)))
+    assert handing == {"EpochBase.batches"}
