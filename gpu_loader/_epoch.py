@@ -47,7 +47,7 @@ from gpu_loader.batching import (
     StragglerBatcher,
     order_by_cost,
 )
-from gpu_loader.batching._ledger import DELIVERED, Ledger
+from gpu_loader.batching._ledger import DELIVERED, Ledger, brief
 from gpu_loader.ops import load_into
 from gpu_loader.ops._decode import import_codecs
 from gpu_loader.pipeline import (
@@ -330,7 +330,7 @@ def padding_of(state: Mapping[str, Any] | None, positions: int) -> Padding:
     if not ok:
         raise ValueError(
             f"state_dict field {PADDING!r} must be {{'next': int >= 0, 'failed': [positions "
-            f"below {positions}]}}, got {entry!r}"
+            f"below {positions}]}}, got {brief(entry)}"
         )
     return Padding(entry["next"], frozenset(failed))  # type: ignore[arg-type]
 
@@ -362,7 +362,7 @@ def stage_failures_of(state: Mapping[str, Any] | None, failed: int) -> dict[str,
     if not ok or sum(counts.values()) != failed:
         raise ValueError(
             f"state_dict field {FAILED_STAGES!r} must map stage names to counts adding up "
-            f"to the {failed} failed positions, got {counts!r}"
+            f"to the {failed} failed positions, got {brief(counts)}"
         )
     return dict(counts)
 

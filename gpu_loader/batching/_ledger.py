@@ -6,6 +6,7 @@ Not locked: the batcher that owns a ledger holds its lock around every call.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,16 @@ _RUN = {
 }
 _NAMES = {NOT_STARTED: "never started", STARTED: "started", READY: "completed"}
 _NAMES |= {DELIVERED: "delivered", FAILED: "failed"}
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+_BRIEF.maxlist = _BRIEF.maxdict = 8
+
+
+def brief(value: object) -> str:
+    """``repr(value)``, cut short for an error message: an edited state's field of a
+    million characters was repeated whole in its refusal (QA66)."""
+    return _BRIEF.repr(value)
 
 
 class Ledger:
@@ -143,12 +154,14 @@ class Ledger:
             got = state.get(key)
             if got != want:
                 raise ValueError(
-                    f"state_dict field {key!r} is {got!r} but this batcher needs {want!r}; "
+                    f"state_dict field {key!r} is {brief(got)} but this batcher needs {want!r}; "
                     "resume with the same batching mode, dataset size, batch_size and drop_last"
                 )
         batches = state.get("batches")
         if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
-            raise ValueError(f"state_dict field 'batches' must be an int >= 0, got {batches!r}")
+            raise ValueError(
+                f"state_dict field 'batches' must be an int >= 0, got {brief(batches)}"
+            )
         for key, code in (("delivered", DELIVERED), ("failed", FAILED)):
             for start, stop in _ranges(state.get(key), key, len(self.status)):
                 for position in range(start, stop):
@@ -173,6 +186,16 @@ class Ledger:
                 f"state_dict field 'batches' is {batches} but {self.delivered} delivered "
                 f"samples in batches of at most {self.plan.batch_size} make {least} to {most}"
             )
+        # And the batches left must hold the samples left: a count too high for them made
+        # the resumed pass yield more than len(loader) batches (QA66, an edited state).
+        left = len(self.status) - self.delivered - self.failed
+        owed = max(self.plan.num_batches - batches, 0)
+        if left > owed * self.plan.batch_size:
+            raise ValueError(
+                f"state_dict field 'batches' is {batches}, which leaves {owed} of "
+                f"{self.plan.num_batches} batches of at most {self.plan.batch_size} for the "
+                f"{left} samples neither delivered nor failed"
+            )
         return batches
 
 
@@ -185,7 +208,7 @@ def _ranges(value: object, key: str, limit: int) -> list[tuple[int, int]]:
         ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
         if not ok or not 0 <= pair[0] <= pair[1] <= limit:
             raise ValueError(
-                f"state_dict field {key!r} holds {pair!r}; expected [start, stop] with "
+                f"state_dict field {key!r} holds {brief(pair)}; expected [start, stop] with "
                 f"0 <= start <= stop <= {limit}"
             )
         out.append((pair[0], pair[1]))

@@ -680,6 +680,16 @@ def test_a_hand_edited_state_is_refused_at_load_and_a_loaded_one_is_a_copy(
     for batches in (0, 1, 17):
         with pytest.raises(ValueError, match=f"'batches' is {batches} but 16 delivered"):
             make(unique_list, seed=2).load_state_dict(edited(batcher__batches=batches))
+    # QA66: a state nested 5,000 lists deep raised RecursionError; a stage name of a
+    # million characters was repeated whole in the refusal.
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        make(unique_list, seed=2).load_state_dict(edited(extra=deep))
+    with pytest.raises(ValueError, match="'failed_stages' must map") as refused:
+        make(unique_list, seed=2).load_state_dict(edited(batcher__failed_stages={"x" * 10**6: 1}))
+    assert len(str(refused.value)) < 400
     # Editing the dict after loading changed the resume, past every check (QA).
     resumed = make(unique_list, seed=2)
     resumed.load_state_dict(state)
