@@ -38,4 +38,4 @@ demo: $(STAMP)
 	$(VENV)/bin/gpu-loader demo
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info gpu_loader/ops/_native.*.so
