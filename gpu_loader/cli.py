@@ -585,7 +585,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 unlisted.append(path)
         wrote_good = write(args.good_list, rows.getvalue())
     if args.json is not None:
-        listed = json.dumps([dataclasses.asdict(b) for b in bad], indent=1)
+        listed = json.dumps([dataclasses.asdict(b) for b in bad], indent=1) + "\n"
         wrote_json = write(args.json, listed)
     print(f"checked {counted(total, 'file')} in {took:.1f} s: {len(good):,} good, {len(bad):,} bad")
     folder = index if isinstance(index, gpu_loader.sources.ImageFolder) else None

@@ -47,9 +47,10 @@ def run_demo(
     working in its threads, so the stall fraction shows whether data keeps up.
     """
     from gpu_loader import ImageLoader
+    from gpu_loader.inspect import cpu_backend_line
     from gpu_loader.loader import LoaderOptions
     from gpu_loader.monitor import format_summary
-    from gpu_loader.ops import TrainTransform
+    from gpu_loader.ops import TrainTransform, cpu_backend
 
     options = LoaderOptions(
         decode_threads=threads,
@@ -80,9 +81,12 @@ def run_demo(
         f"gpu-loader demo: {counted(len(index), 'image')}, {epochs} epoch(s), batch {batch_size}, "
         f"{size}x{size}, device {loader.device}, decode on {decoded_on}, batching {batching}, "
         f"{loader.decode_threads} decode thread(s), simulated step {step_s * 1000:.0f} ms",
-        "",
-        format_summary(stats),
     ]
+    if decoded_on == "cpu":
+        # QA68: a failed build of the native extension runs the Pillow path (about a
+        # third of the speed here) and the install says nothing unless verbose.
+        lines.append(cpu_backend_line())
+    lines += ["", format_summary(stats)]
     if reading := _reading(
         stats.samples_per_s, stats.batches_per_s, stats.stall_fraction, batch_size, step_s
     ):
@@ -101,6 +105,7 @@ def run_demo(
         "size": size,
         "device": str(loader.device),
         "decode_on": decoded_on,
+        "cpu_backend": cpu_backend(),
         "batching": batching,
         "step_ms": step_s * 1000,
     }

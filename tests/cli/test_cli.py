@@ -586,6 +586,7 @@ def test_verify_lists_bad_files_and_writes_a_clean_list(tiny: Path, tmp_path: Pa
         assert re.search(rf"{name}: decode: DecodeError: .*{name}", result.stdout), name
     bad = json.loads(bad_json.read_text())
     assert sorted(Path(b["key"]).name for b in bad) == ["cut.jpg", "damaged.jpg", "text.jpg"]
+    assert bad_json.read_text().endswith("]\n")  # a text file's last line ends (QA68)
     # The clean list is one the loader takes, and it verifies clean.
     from gpu_loader.sources import FileList
 
@@ -782,3 +783,13 @@ def test_demo_decode_on_picks_the_path_and_gpu_needs_a_cuda_device(
     assert cpu.returncode == 0, cpu.stderr
     assert "decode on cpu," in cpu.stdout
     assert json.loads(out.read_text())["settings"]["decode_on"] == "cpu"
+    # Which CPU path ran is said (QA68: a failed native build ran Pillow, unnamed).
+    assert "\nCPU backend: native (C, libjpeg-turbo " in cpu.stdout
+    assert json.loads(out.read_text())["settings"]["cpu_backend"] == "native"
+    pillow = run(
+        "demo", "--data", str(tiny), "--decode-on", "cpu", "--epochs", "1", "--size", "32",
+        "--step-ms", "0", "--no-progress", cache=tmp_path,
+        env={"GPU_LOADER_CPU_BACKEND": "pillow"},
+    )  # fmt: skip
+    assert pillow.returncode == 0, pillow.stderr
+    assert "\nCPU backend: pillow (chosen by $GPU_LOADER_CPU_BACKEND)\n" in pillow.stdout
