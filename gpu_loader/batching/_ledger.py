@@ -186,16 +186,9 @@ class Ledger:
                 f"state_dict field 'batches' is {batches} but {self.delivered} delivered "
                 f"samples in batches of at most {self.plan.batch_size} make {least} to {most}"
             )
-        # And the batches left must hold the samples left: a count too high for them made
-        # the resumed pass yield more than len(loader) batches (QA66, an edited state).
-        left = len(self.status) - self.delivered - self.failed
-        owed = max(self.plan.num_batches - batches, 0)
-        if left > owed * self.plan.batch_size:
-            raise ValueError(
-                f"state_dict field 'batches' is {batches}, which leaves {owed} of "
-                f"{self.plan.num_batches} batches of at most {self.plan.batch_size} for the "
-                f"{left} samples neither delivered nor failed"
-            )
+        # Not checked: that the batches left can hold the samples left. A state saved after
+        # on_error="raise" stopped an epoch fails it (QA70): batches cut short by the
+        # failure were handed over, and the failure is not recorded, so that it runs again.
         return batches
 
 
