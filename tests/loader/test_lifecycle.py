@@ -1159,3 +1159,57 @@ def test_a_state_saved_after_on_error_raise_loads_and_resumes_once_the_file_is_f
         got += [int(v) for _, y in resumed for v in y]
         resumed.close()
         assert sorted(got) == list(range(9))
+
+
+@pytest.mark.parametrize("call", [1, 2])
+def test_a_ctrl_c_as_a_padding_batch_is_counted_keeps_the_count(
+    unique_list: FileList, tmp_path: Path, call: int
+) -> None:
+    # QA70: landing as Received.padded was entered, the Ctrl-C's clean-up took back a
+    # batch padded() had not counted (or, the second time, the padding batch before it,
+    # which the loop had): the checkpoint was refused, "'batches' is 2 but 3 delivered".
+    from gpu_loader._epoch import Received
+
+    items = [(unique_list.key(i), i) for i in range(8)]
+    for i in range(4):
+        items[i] = (str(tmp_path / f"missing{i}.jpg"), i)
+
+    def make_rank0() -> gl.ImageLoader:
+        return gl.ImageLoader(
+            FileList(items),
+            batch_size=1,
+            transform=EvalTransform(16),
+            shuffle=False,
+            rank=0,
+            world_size=2,
+            max_failures=None,
+        )
+
+    loader = make_rank0()
+    got: list[Any] = []
+    calls = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal calls
+        if event == "call" and frame.f_code is Received.padded.__code__:
+            calls += 1
+            if calls == call:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for batch in loader:
+                got.append(batch)
+    finally:
+        sys.settrace(None)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    assert state["batcher"]["batches"] == len(got)
+    resumed = make_rank0()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    resumed.close()
+    assert len(got) + len(rest) == len(resumed) == 4
