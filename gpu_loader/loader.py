@@ -21,6 +21,7 @@ import threading
 import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
@@ -1127,7 +1128,8 @@ class _EpochBatches(itertools.chain["Batch"]):
     pass owes, which is `len(loader)` less those a resumed epoch had handed over. A pass
     yields that many unless whole batches' samples failed (and no other batch was left to
     split); a distributed one always does. ``close``, ``send`` and ``throw`` are the
-    generator's.
+    generator's. Each ``iter(loader)`` starts a pass: ask the length of the iterator
+    that is looped over.
 
     ``next()`` is `itertools.chain`'s, in C: a Python ``__next__`` around the generator
     was a frame in which a Ctrl-C could land after the batch was recorded as handed over
@@ -1149,12 +1151,31 @@ class _EpochBatches(itertools.chain["Batch"]):
     def send(self, value: None) -> Batch:
         return self._gen.send(value)
 
-    def throw(self, exc: BaseException) -> Batch:
-        return self._gen.throw(exc)
+    def throw(
+        self,
+        typ: BaseException | type[BaseException],
+        val: object = None,
+        tb: TracebackType | None = None,
+    ) -> Batch:
+        if val is None and tb is None:
+            return self._gen.throw(typ)
+        return self._gen.throw(typ, val, tb)  # type: ignore[arg-type]  # as generators take
 
     def close(self) -> None:
         """Stop the epoch, as leaving a ``for`` loop does."""
         self._gen.close()
+
+    def __reduce__(self) -> NoReturn:
+        # itertools.chain's own would copy or pickle the bare generator (QA70: copy.copy
+        # failed on __new__'s arguments instead), and its __setstate__ below would swap
+        # in another iterable behind the epoch's back.
+        raise TypeError(
+            "an ImageLoader's epoch iterator cannot be copied or pickled: save "
+            "loader.state_dict() and resume from it"
+        )
+
+    def __setstate__(self, state: object) -> NoReturn:
+        raise TypeError("an ImageLoader's epoch iterator cannot be restored from a state")
 
 
 def _no_batches() -> Generator[Batch, None, None]:

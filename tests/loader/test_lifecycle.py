@@ -1213,3 +1213,24 @@ def test_a_ctrl_c_as_a_padding_batch_is_counted_keeps_the_count(
     rest = list(resumed)
     resumed.close()
     assert len(got) + len(rest) == len(resumed) == 4
+
+
+def test_the_epoch_iterator_refuses_copies_and_takes_generator_throw_forms(
+    unique_list: FileList,
+) -> None:
+    # QA70: copy.copy failed on the wrapper's __new__ arguments; itertools.chain's
+    # __setstate__ swapped another iterable in behind the epoch; the three-argument throw
+    # that generators take was refused.
+    import copy
+
+    loader = make(unique_list)
+    it = iter(loader)
+    next(it)
+    for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be copied or pickled: save"):
+            attempt(it)
+    with pytest.raises(TypeError, match="cannot be restored"):
+        it.__setstate__((iter(["other"]),))
+    with pytest.raises(ZeroDivisionError, match="three"):
+        it.throw(ZeroDivisionError, ZeroDivisionError("three"), None)
+    loader.close()
