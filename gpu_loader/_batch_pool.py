@@ -46,8 +46,11 @@ class BatchPool:
         self.reused = 0
         self.allocated = 0
 
-    def take(self, rows: int) -> torch.Tensor:
-        """A batch tensor to fill (recycled when one of this size is free)."""
+    def take(self, rows: int, *, most: int | None = None) -> torch.Tensor:
+        """A batch tensor to fill (recycled when one of this size is free). With ``most``,
+        a free one of up to ``most`` rows may serve, its first ``rows`` rows: a batch
+        short of its failed samples then reuses a whole one (QA69: with 10% bad files
+        nearly every batch had its own row count, and each was new memory)."""
         import torch
 
         with self._lock:
@@ -56,6 +59,10 @@ class BatchPool:
             if free:
                 self.reused += 1
                 return free.pop()
+            larger = [n for n, f in self._free.items() if f and rows < n <= (most or 0)]
+            if larger:
+                self.reused += 1
+                return self._free[min(larger)].pop()[:rows]
             self.allocated += 1
         base = torch.empty((rows, *self.tail), dtype=self.dtype, device="cpu")
         if self._idle is None and self._use_count is not None:
@@ -88,9 +95,13 @@ class BatchPool:
         free_total = sum(len(v) for v in self._free.values())
         for _ in range(min(len(out), RECLAIM_SCAN)):
             base = out.popleft()
-            if self._count(base) > self._idle:
+            whole = base._base  # a tensor `take` narrowed, and the one it was cut from
+            if self._count(base) > self._idle + (whole is not None):
                 out.append(base)
-            elif base.untyped_storage().is_shared():
+                continue
+            if whole is not None:
+                base = whole
+            if base.untyped_storage().is_shared():
                 # Moved to shared memory (sent to another process through a
                 # torch.multiprocessing queue): the receiver may still map it, and the
                 # pool cannot tell (QA62: its batches were overwritten). Let go.
