@@ -583,6 +583,12 @@ class EpochBase:
         """Called from a worker thread when a sample fails in ``stage`` (the engine records
         why)."""
         self.remember_failure(position, stage)
+        if self.loader.on_error == "raise" and not self.stopping.is_set():
+            # The engine's error stops the epoch. Told of the failure, the batcher cut the
+            # sample's batch short, and it could reach the loop before the error did
+            # (QA70). A run's failure needs no such care: it sets `run_error` before
+            # the batcher learns of it, and `next_batch` raises that first.
+            return
         self.failed_positions.append(position)
 
     def remember_failure(self, position: int, stage: str) -> None:
