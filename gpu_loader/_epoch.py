@@ -1196,11 +1196,19 @@ class CpuEpoch(EpochBase):
         # paid once per run, not per sample. Straggler mode sizes each run from what it
         # measures (`RunSizer`): one sample per call while reads are slow enough that its
         # slow lane must be able to move a single sample.
+        # Ordered mode grows its runs past that while samples are cheap (`RunLength`).
         self.sizer = loader._run_sizer()
         sizer = self.sizer
+        self.lengths = loader._run_length()
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
-        run_size = sizer.size if sizer is not None else lambda n=self.run_size: n
+        run_size = (
+            sizer.size
+            if sizer is not None
+            else self.lengths.size
+            if self.lengths is not None
+            else lambda n=self.run_size: n
+        )
         decode_lane = self.slow_lane("decode", loader.decode_threads, runs=runs)
         # Straggler mode: when one decode counts as a straggler (`pop_batch`). With runs
         # the decode stage's lane learns each run's time per sample, an average that
@@ -1359,6 +1367,9 @@ class CpuEpoch(EpochBase):
         took: list[float] = []
         ordinals = self.ordinals[stage]
         hand, me = self.in_hand, threading.get_ident()  # `hold`, inline
+        lengths = self.lengths
+        if lengths is not None:
+            run_began, run_cpu = clock(), time.thread_time()
         try:
             for i, task in enumerate(run):
                 if self.stopping.is_set():
@@ -1387,6 +1398,8 @@ class CpuEpoch(EpochBase):
         elif limit is not None:
             for t in took:
                 limit.observe(t)
+        if lengths is not None and not self.stopping.is_set():  # a run cut short: not timed
+            lengths.observe(stage, clock() - run_began, time.thread_time() - run_cpu, len(run))
         self.run_done(stage, len(run))
         return kept
 

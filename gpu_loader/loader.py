@@ -30,7 +30,7 @@ from gpu_loader._augment import Augment, check_augment
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
-from gpu_loader._run_sizer import RunSizer
+from gpu_loader._run_sizer import MOST_LONG, RunLength, RunSizer
 from gpu_loader.batching import AdaptiveThreshold
 from gpu_loader.batching._ledger import brief
 from gpu_loader.monitor import (
@@ -94,7 +94,10 @@ class LoaderOptions:
     per sample spend less time under the GIL in the engine's hand-offs (the ordered CPU
     path used ~30-50% less CPU per image with runs of 8 than of 1 in a zero-cost-decode
     test). Default: up to 8, as many as leave two runs per read and decode thread in the
-    in-flight window and spread a batch over every I/O thread; in ``straggler`` mode that
+    in-flight window and spread a batch over every I/O thread; in ``ordered`` mode up to
+    64 within those bounds while samples are cheap (about 2 ms of read and decode CPU a
+    run, its reads no longer than 20 ms in turn: tiny images), measured as it goes and
+    kept across epochs; in ``straggler`` mode that
     many only while the slowest reads (p99) take no longer than decoding a run, and one
     otherwise, so the slow lane can move a single slow read (a run reads its files one
     after another), and one with ``cost_lookahead`` (a run would decode the largest
@@ -468,6 +471,7 @@ class ImageLoader:
         self._pool: BatchPool | None = None
         self._spares: tuple[tuple[Any, ...], collections.deque[torch.Tensor]] | None = None
         self._sizer: RunSizer | None = None
+        self._length: RunLength | None = None
         self._thresholds: dict[str, AdaptiveThreshold] = {}
         self._arena_ports: GpuPorts | None = None
         self._cuda_ports: GpuPorts | None = None  # made at the first GPU epoch, then kept
@@ -985,12 +989,27 @@ class ImageLoader:
             self._sizer = RunSizer(most)
         return self._sizer
 
-    def _most_per_task(self) -> int:
+    def _run_length(self) -> RunLength | None:
+        """Ordered mode's run lengths on the CPU path, with `samples_per_task` automatic:
+        longer than `_most_per_task` while samples are cheap (`RunLength`); kept across
+        epochs, as the run sizer is."""
+        if self.batching != "ordered" or self.options.samples_per_task is not None:
+            return None
+        base, cap = self._most_per_task(), self._most_per_task(MOST_LONG)
+        if cap <= base:
+            return None
+        if self._length is None or (self._length.base, self._length.cap) != (base, cap):
+            self._length = RunLength(base, cap)
+        return self._length
+
+    def _most_per_task(self, most: int = 8) -> int:
         # Two runs per thread fit in the in-flight window, so no thread waits for work,
         # and a batch's reads spread over every I/O thread (a run reads one file after
         # another: with slow remote reads a long run delays its batch).
         threads = self.io_threads + self.decode_threads
-        return max(1, min(8, self._window() // (2 * threads), self.batch_size // self.io_threads))
+        return max(
+            1, min(most, self._window() // (2 * threads), self.batch_size // self.io_threads)
+        )
 
     def _window(self) -> int:
         """Samples an epoch keeps in flight: (D + 1) * B lets fast samples run ahead by the

@@ -1633,6 +1633,63 @@ def test_straggler_mode_runs_only_while_no_read_outlasts_decoding_a_run(
         assert calls[0] < n and n / 4 <= calls[1] < n / 2
 
 
+class EveryReadWaits(FileList):
+    """A FileList whose every read first waits ``seconds``."""
+
+    def __init__(self, items: list[tuple[str, int]], seconds: float) -> None:
+        super().__init__(items)
+        self.seconds = seconds
+
+    def read(self, i: int) -> bytes:
+        time.sleep(self.seconds)
+        return super().read(i)
+
+
+@pytest.mark.parametrize("read_wait_s", [0.0, 0.002])
+def test_ordered_mode_grows_its_runs_while_samples_are_cheap(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch, read_wait_s: float
+) -> None:
+    # Cheap samples (here: any, with a whole second of CPU as the run's aim) go in runs
+    # past the base of 8, up to the cap the window and the I/O threads allow, from the
+    # second epoch on (the lengths are kept); reads that wait 2 ms each, with 10 ms
+    # allowed for a run's reads in turn, keep the base. Every sample exactly once either way.
+    from gpu_loader import _run_sizer
+
+    monkeypatch.setattr(_run_sizer, "RUN_CPU_S", 1.0)
+    monkeypatch.setattr(_run_sizer, "RUN_READ_WALL_S", 0.010)
+    items = [(unique_list.key(i % len(unique_list)), i) for i in range(4 * len(unique_list))]
+    n = len(items)
+    options = gl.LoaderOptions(decode_threads=2, io_threads=2)
+    loader = make(EveryReadWaits(items, read_wait_s), batch_size=32, options=options)
+    base, cap = loader._most_per_task(), loader._most_per_task(_run_sizer.MOST_LONG)
+    assert (base, cap) == (8, 16)  # window 160 // (2 x 4 threads) = 20; 32 // 2 I/O = 16
+    calls = []
+    for _ in range(2):
+        assert sorted(labels_of(run_epoch(loader))) == list(range(n))
+        calls.append({s.name: s.tasks_done for s in loader.stats().stages})
+    lengths = loader._length
+    assert lengths is not None
+    if read_wait_s:
+        assert lengths.size() == base
+        assert calls[1]["read"] >= n / base and calls[1]["decode"] >= n / base
+    else:
+        assert lengths.size() == cap
+        # A run goes out short when the window is full; most are whole.
+        assert n / cap <= calls[1]["decode"] < n / base
+    loader.close()
+
+
+def test_samples_per_task_or_straggler_mode_keep_their_own_run_sizes(
+    unique_list: FileList,
+) -> None:
+    set_by_hand = make(unique_list, options=gl.LoaderOptions(samples_per_task=4))
+    assert set_by_hand._run_length() is None and set_by_hand._samples_per_task() == 4
+    assert make(unique_list, batching="straggler")._run_length() is None
+    # A batch of 8 on one I/O thread leaves no room past the base: nothing to grow.
+    small = make(unique_list, options=gl.LoaderOptions(io_threads=1, decode_threads=1))
+    assert small._most_per_task() == small._most_per_task(64) and small._run_length() is None
+
+
 def test_a_fresh_loaders_first_window_goes_in_runs_once_its_reads_are_judged_fast(
     unique_list: FileList, monkeypatch: pytest.MonkeyPatch
 ) -> None:

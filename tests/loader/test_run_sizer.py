@@ -1,10 +1,12 @@
-"""RunSizer: straggler mode's run size from per-sample read and decode times."""
+"""RunSizer: straggler mode's run size from per-sample read and decode times; RunLength:
+ordered mode's, from their CPU time and the reads' wall time."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_loader._run_sizer import RunSizer
+from gpu_loader import _run_sizer
+from gpu_loader._run_sizer import RunLength, RunSizer
 
 
 def feed(sizer: RunSizer, reads: list[float], decodes: list[float]) -> None:
@@ -137,3 +139,61 @@ def test_reads_without_decodes_end_the_wait_for_a_verdict() -> None:
     assert sizer.verdict() is None
     feed(sizer, [0.001], [])
     assert sizer.verdict() == 1 and not sizer.probing
+
+
+# -- RunLength ---------------------------------------------------------------------------
+def test_run_length_stays_at_its_base_until_both_stages_are_measured() -> None:
+    lengths = RunLength(8, 64)
+    assert lengths.size() == 8
+    lengths.observe("read", wall_s=0.0008, cpu_s=0.0001, samples=8)
+    assert lengths.size() == 8  # no decode yet
+    lengths.observe("decode", wall_s=0.0008, cpu_s=0.0003, samples=8)
+    # 50 us of CPU per sample: 2 ms hold 40.
+    assert lengths.size() == int(_run_sizer.RUN_CPU_S / 50e-6) == 40
+
+
+def test_run_length_never_leaves_base_to_cap() -> None:
+    lengths = RunLength(8, 16)
+    lengths.observe("read", wall_s=1e-6, cpu_s=1e-6, samples=8)
+    lengths.observe("decode", wall_s=1e-6, cpu_s=1e-6, samples=8)
+    assert lengths.size() == 16  # cheap samples: the cap
+    lengths = RunLength(8, 64)
+    lengths.observe("read", wall_s=0.008, cpu_s=0.0008, samples=8)
+    lengths.observe("decode", wall_s=0.08, cpu_s=0.016, samples=8)  # 2 ms a decode
+    assert lengths.size() == 8  # typical photos: the base, as before runs grew
+
+
+def test_run_length_is_not_fooled_by_cheap_cpu_in_slow_reads() -> None:
+    # Remote reads: little CPU, long waits. Their wall time, in turn, bounds the run.
+    lengths = RunLength(4, 64)
+    lengths.observe("decode", wall_s=0.0004, cpu_s=0.0004, samples=8)
+    lengths.observe("read", wall_s=0.008, cpu_s=0.00008, samples=8)  # 1 ms each
+    assert lengths.size() == int(_run_sizer.RUN_READ_WALL_S / 0.001) == 20
+    lengths.observe("read", wall_s=1.2, cpu_s=0.00008, samples=8)  # 150 ms each
+    assert lengths.size() == 4
+
+
+def test_run_length_follows_a_change_in_cost() -> None:
+    lengths = RunLength(8, 64, smoothing=0.5)
+    lengths.observe("read", wall_s=0.0001, cpu_s=0.0001, samples=10)
+    lengths.observe("decode", wall_s=0.0004, cpu_s=0.0004, samples=10)
+    assert lengths.size() == 40
+    for _ in range(20):  # the data turns heavy: the mean forgets the cheap runs
+        lengths.observe("decode", wall_s=0.01, cpu_s=0.01, samples=10)
+    assert lengths.size() == 8
+
+
+def test_run_length_ignores_empty_runs_and_unknown_stages() -> None:
+    lengths = RunLength(8, 64)
+    lengths.observe("read", wall_s=0.0, cpu_s=0.0, samples=0)
+    lengths.observe("augment", wall_s=0.0, cpu_s=0.0, samples=8)
+    assert lengths.cpu_s == {"read": None, "decode": None} and lengths.read_wall_s is None
+
+
+@pytest.mark.parametrize(
+    ("base", "cap", "smoothing", "match"),
+    [(0, 8, 0.2, "base"), (8, 4, 0.2, "cap"), (8, 64, 0.0, "smoothing"), (8, 64, 1.5, "smoothing")],
+)
+def test_run_length_refuses_bad_settings(base: int, cap: int, smoothing: float, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RunLength(base, cap, smoothing=smoothing)
