@@ -8,8 +8,8 @@ reads its files one after another, so a slow read holds the rest of its run: tha
 what the slow lane exists for when reads are slow (remote storage), and costs little
 when no read takes longer than decoding a run. So the loader measures both per sample
 and runs up to ``most`` samples per call while the slowest reads (their p99) are no
-longer than decoding a run (``most`` x the median decode), one sample per call
-otherwise.
+longer than decoding a run (``most`` x the median decode) or than `STRAGGLER_FLOOR_S`,
+one sample per call otherwise.
 
 Until it has seen ``min_samples`` of each, an early verdict decides from the loader's
 first ``probe`` reads, started one sample per call while the source keeps at most
@@ -45,6 +45,12 @@ PROBE = 32
 
 PROBE_DECODES = 8
 """Decodes timed before the early verdict's bound (``most`` x their median) exists."""
+
+STRAGGLER_FLOOR_S = 0.005
+"""Straggler mode's slow lanes move no task shorter than this (`AdaptiveThreshold`'s
+``floor_s``): a read under it is never moved alone, so runs go on while the slowest reads
+are under it, however cheap decoding is. Without it, tiny images (40 us decodes, reads
+that wait ~0.3 ms for the GIL) ran one sample per call at half the img/s of runs."""
 
 
 class RunSizer:
@@ -117,7 +123,11 @@ class RunSizer:
         typical_decode = self.decodes.limit()
         if slowest_read is None or typical_decode is None:
             return self.verdict() or 1
-        return self.most if slowest_read <= self.most * typical_decode else 1
+        return self.most if slowest_read <= self.bound(typical_decode) else 1
+
+    def bound(self, typical_decode: float) -> float:
+        """The slowest read runs allow: decoding a run, and at least `STRAGGLER_FLOOR_S`."""
+        return max(self.most * typical_decode, STRAGGLER_FLOOR_S)
 
     def verdict(self) -> int | None:
         """The early verdict (see the module's docstring), given once; None until then."""
@@ -130,7 +140,7 @@ class RunSizer:
                     # sample per call, and the source's window cap lifts.
                     self.early = 1
                 return self.early
-            bound = self.most * statistics.median(self._decodes)
+            bound = self.bound(statistics.median(self._decodes))
             now = self.clock()
             times = [
                 now - began if took is None else took

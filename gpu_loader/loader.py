@@ -30,7 +30,7 @@ from gpu_loader._augment import Augment, check_augment
 from gpu_loader._batch_pool import BatchPool
 from gpu_loader._epoch import CpuEpoch, EpochBase, Received, make_batcher
 from gpu_loader._failed import FailedSample as FailedSample  # its name here too
-from gpu_loader._run_sizer import MOST_LONG, RunLength, RunSizer
+from gpu_loader._run_sizer import MOST_LONG, STRAGGLER_FLOOR_S, RunLength, RunSizer
 from gpu_loader.batching import AdaptiveThreshold
 from gpu_loader.batching._ledger import brief
 from gpu_loader.monitor import (
@@ -98,8 +98,8 @@ class LoaderOptions:
     64 within those bounds while samples are cheap (about 2 ms of read and decode CPU a
     run, its reads no longer than 20 ms in turn: tiny images), measured as it goes and
     kept across epochs; in ``straggler`` mode that
-    many only while the slowest reads (p99) take no longer than decoding a run, and one
-    otherwise, so the slow lane can move a single slow read (a run reads its files one
+    many only while the slowest reads (p99) take no longer than decoding a run or than
+    5 ms (the slow lanes move nothing shorter), and one otherwise, so the slow lane can move a single slow read (a run reads its files one
     after another), and one with ``cost_lookahead`` (a run would decode the largest
     files of a block one after another). The GPU path runs one sample per call."""
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -969,7 +969,7 @@ class ImageLoader:
         first 32 tasks."""
         threshold = self._thresholds.get(name)
         if threshold is None:
-            threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=0.005)
+            threshold = AdaptiveThreshold(percentile=0.75, factor=4.0, floor_s=STRAGGLER_FLOOR_S)
             self._thresholds[name] = threshold
         return threshold
 

@@ -48,6 +48,26 @@ def test_a_heavy_read_tail_turns_runs_off_and_they_come_back_when_it_leaves() ->
     assert sizer.size() == 4
 
 
+def test_reads_under_the_straggler_floor_never_turn_runs_off() -> None:
+    # Tiny images: 40 us decodes, reads ~0.1 ms and up to 1 ms waiting for the GIL. No
+    # slow lane moves a task under the floor, so such reads are no reason for one sample
+    # per call (which halved the img/s); past the floor they are.
+    sizer = RunSizer(8, min_samples=16)
+    feed(sizer, [0.0001] * 90 + [0.001] * 10, [0.00004] * 100)
+    assert sizer.size() == 8
+    sizer = RunSizer(8, min_samples=16)
+    feed(sizer, [0.0001] * 90 + [_run_sizer.STRAGGLER_FLOOR_S * 1.2] * 10, [0.00004] * 100)
+    assert sizer.size() == 1
+
+
+def test_the_early_verdict_allows_reads_under_the_straggler_floor() -> None:
+    clock = Clock()
+    sizer = RunSizer(8, probe=4, clock=clock)
+    probe_reads(sizer, clock, [0.0002, 0.0005, 0.001, 0.002])  # 8 x 40 us is 0.32 ms
+    sizer.observe("decode", [0.00004] * 8)
+    assert sizer.verdict() == 8
+
+
 def test_most_must_be_positive() -> None:
     with pytest.raises(ValueError, match="most"):
         RunSizer(0)
