@@ -3,7 +3,8 @@
 Errors a user can cause (missing path, empty folder, bad option) print one line naming
 the option and exit with status 2; a run that fails on its data (too many bad files)
 prints one line and exits with status 1 (`inspect`, when every image it sampled failed,
-lists them under it). Neither shows a traceback. A reader of stdout
+lists them under it; `verify` exits with 3 when a list it was asked to write could not be
+written). Neither shows a traceback. A reader of stdout
 that goes away (`| head`) ends the command quietly with status 141, after any file it was
 asked to write (`verify --good-list/--json`) is written.
 """
@@ -28,6 +29,10 @@ from gpu_loader._resources import cache_root
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_UNWRITTEN = 3
+"""`verify`: a list asked for (``--good-list``, ``--json``) could not be written; the
+check itself ran and its report was printed (1 would not tell a script whether the data or
+the output was at fault)."""
 EXIT_PIPE = 141
 """stdout's reader went away (`| head`): 128 + SIGPIPE, as a shell reports a command that
 signal ended."""
@@ -224,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read and decode every image of the data at full size with the CPU "
         "decoders, print each file that fails with its key and error, and optionally "
         "write the good ones as a CSV list the loader takes. Exit status 1 when a file "
-        "is bad, when a good one cannot be listed in --good-list (a name that is not "
-        "UTF-8, which a CSV cannot hold: it is left out and named), or when --good-list "
+        "is bad, or when a good one cannot be listed in --good-list (a name that is not "
+        "UTF-8, which a CSV cannot hold: it is left out and named); 3 when --good-list "
         "or --json cannot be written (named after the report). Worth running before "
         "training on the GPU path, which may deliver a JPEG with damaged compressed data "
         "instead of reporting it.",
@@ -613,7 +618,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if wrote_json:
         print(f"bad files written to {args.json}")
     if unwritten:
-        raise CliError("; ".join(unwritten), EXIT_FAILED)
+        raise CliError("; ".join(unwritten), EXIT_UNWRITTEN)
     return 1 if bad or unlisted else 0
 
 

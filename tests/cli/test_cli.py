@@ -715,8 +715,8 @@ def test_verify_prints_its_report_when_a_list_cannot_be_written(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # QA58: a --good-list that failed to write ended the run with that error alone: the
-    # report of a long verify was lost. (The status is still 1, as for a bad file: the
-    # error line after the report names the list.)
+    # report of a long verify was lost. Its own status, 3, tells a script that the
+    # output, not the data, was at fault; the error line after the report names the list.
     from gpu_loader import cli
 
     good_list, bad_json = tmp_path / "good.csv", tmp_path / "bad.json"
@@ -729,7 +729,7 @@ def test_verify_prints_its_report_when_a_list_cannot_be_written(
 
     monkeypatch.setattr(cli, "_write_whole", disk_full)
     args = ["verify", "--data", str(tiny), "--good-list", str(good_list), "--json", str(bad_json)]
-    assert cli.main(args) == cli.EXIT_FAILED
+    assert cli.main(args) == cli.EXIT_UNWRITTEN == 3
     out, err = capsys.readouterr()
     assert "checked 40 files" in out and "40 good, 0 bad" in out
     assert "good samples written" not in out and f"bad files written to {bad_json}" in out
