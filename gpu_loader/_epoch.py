@@ -1195,8 +1195,8 @@ class CpuEpoch(EpochBase):
         # the per-call costs under the GIL (queue hops, counters, stage bookkeeping) are
         # paid once per run, not per sample. Straggler mode sizes each run from what it
         # measures (`RunSizer`): one sample per call while reads are slow enough that its
-        # slow lane must be able to move a single sample.
-        # Ordered mode grows its runs past that while samples are cheap (`RunLength`).
+        # slow lane must be able to move a single sample. Both modes' runs grow past the
+        # default while samples are cheap (`RunLength`, which `each_in_run` times).
         self.sizer = loader._run_sizer()
         sizer = self.sizer
         self.lengths = loader._run_length()

@@ -63,12 +63,18 @@ class RunSizer:
         min_samples: int = MIN_SAMPLES,
         probe: int = PROBE,
         clock: Callable[[], float] = time.perf_counter,
+        lengths: RunLength | None = None,
     ) -> None:
         if most < 1:
             raise ValueError(f"`most` must be >= 1, got {most}")
+        if lengths is not None and lengths.base != most:
+            raise ValueError(f"`lengths` must start at `most` ({most}), not {lengths.base}")
         if probe < 1:
             raise ValueError(f"`probe` must be >= 1, got {probe}")
         self.most = most
+        self.lengths = lengths
+        """Once runs are on, how long (`RunLength`: past ``most`` while samples are cheap);
+        None: ``most``."""
         self.probe = probe
         self.clock = clock
         # Raw percentiles (factor 1): the slowest reads, the typical decode.
@@ -118,12 +124,15 @@ class RunSizer:
                 self._decodes.extend(seconds[: PROBE_DECODES - len(self._decodes)])
 
     def size(self) -> int:
-        """Samples for the next run: ``most`` while no read outlasts decoding a run."""
+        """Samples for the next run: ``most`` (or as `lengths` says) while no read outlasts
+        decoding a run."""
         slowest_read = self.reads.limit()
         typical_decode = self.decodes.limit()
         if slowest_read is None or typical_decode is None:
             return self.verdict() or 1
-        return self.most if slowest_read <= self.bound(typical_decode) else 1
+        if slowest_read > self.bound(typical_decode):
+            return 1
+        return self.most if self.lengths is None else self.lengths.size()
 
     def bound(self, typical_decode: float) -> float:
         """The slowest read runs allow: decoding a run, and at least `STRAGGLER_FLOOR_S`."""

@@ -94,14 +94,14 @@ class LoaderOptions:
     per sample spend less time under the GIL in the engine's hand-offs (the ordered CPU
     path used ~30-50% less CPU per image with runs of 8 than of 1 in a zero-cost-decode
     test). Default: up to 8, as many as leave two runs per read and decode thread in the
-    in-flight window and spread a batch over every I/O thread; in ``ordered`` mode up to
-    64 within those bounds while samples are cheap (about 2 ms of read and decode CPU a
-    run, its reads no longer than 20 ms in turn: tiny images), measured as it goes and
-    kept across epochs; in ``straggler`` mode that
-    many only while the slowest reads (p99) take no longer than decoding a run or than
-    5 ms (the slow lanes move nothing shorter), and one otherwise, so the slow lane can move a single slow read (a run reads its files one
-    after another), and one with ``cost_lookahead`` (a run would decode the largest
-    files of a block one after another). The GPU path runs one sample per call."""
+    in-flight window and spread a batch over every I/O thread, and up to 64 within those
+    bounds while samples are cheap (about 2 ms of read and decode CPU a run, its reads no
+    longer than 20 ms in turn: tiny images), measured as it goes and kept across epochs.
+    In ``straggler`` mode runs only while the slowest reads (p99) take no longer than
+    decoding a run or than 5 ms (the slow lanes move nothing shorter), and one sample
+    otherwise, so the slow lane can move a single slow read (a run reads its files one
+    after another); one with ``cost_lookahead`` (a run would decode the largest files of
+    a block one after another). The GPU path runs one sample per call."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Images with more pixels are refused before decoding (decompression bombs)."""
     batch_timeout_s: float | None = None
@@ -986,15 +986,19 @@ class ImageLoader:
         if most <= 1:
             return None
         if self._sizer is None or self._sizer.most != most:
-            self._sizer = RunSizer(most)
+            cap = self._most_per_task(MOST_LONG)
+            self._sizer = RunSizer(most, lengths=RunLength(most, cap) if cap > most else None)
         return self._sizer
 
     def _run_length(self) -> RunLength | None:
-        """Ordered mode's run lengths on the CPU path, with `samples_per_task` automatic:
-        longer than `_most_per_task` while samples are cheap (`RunLength`); kept across
-        epochs, as the run sizer is."""
-        if self.batching != "ordered" or self.options.samples_per_task is not None:
+        """The CPU path's run lengths, with `samples_per_task` automatic: longer than
+        `_most_per_task` while samples are cheap (`RunLength`); kept across epochs, as the
+        run sizer is. In straggler mode the sizer's, which it follows while runs are on."""
+        if self.options.samples_per_task is not None:
             return None
+        if self.batching == "straggler":
+            sizer = self._run_sizer()
+            return sizer.lengths if sizer is not None else None
         base, cap = self._most_per_task(), self._most_per_task(MOST_LONG)
         if cap <= base:
             return None

@@ -1679,12 +1679,19 @@ def test_ordered_mode_grows_its_runs_while_samples_are_cheap(
     loader.close()
 
 
-def test_samples_per_task_or_straggler_mode_keep_their_own_run_sizes(
+def test_samples_per_task_keeps_its_run_size_and_straggler_mode_its_sizers(
     unique_list: FileList,
 ) -> None:
     set_by_hand = make(unique_list, options=gl.LoaderOptions(samples_per_task=4))
     assert set_by_hand._run_length() is None and set_by_hand._samples_per_task() == 4
-    assert make(unique_list, batching="straggler")._run_length() is None
+    by_hand = make(unique_list, batching="straggler", options=gl.LoaderOptions(samples_per_task=4))
+    assert by_hand._run_length() is None and by_hand._run_sizer() is None
+    # Straggler mode's lengths are its sizer's, which follows them while runs are on.
+    options = gl.LoaderOptions(io_threads=2, decode_threads=2)
+    straggler = make(unique_list, batch_size=32, batching="straggler", options=options)
+    sizer = straggler._run_sizer()
+    assert sizer is not None and sizer.lengths is not None
+    assert straggler._run_length() is sizer.lengths and (sizer.most, sizer.lengths.cap) == (8, 16)
     # A batch of 8 on one I/O thread leaves no room past the base: nothing to grow.
     small = make(unique_list, options=gl.LoaderOptions(io_threads=1, decode_threads=1))
     assert small._most_per_task() == small._most_per_task(64) and small._run_length() is None

@@ -217,3 +217,20 @@ def test_run_length_ignores_empty_runs_and_unknown_stages() -> None:
 def test_run_length_refuses_bad_settings(base: int, cap: int, smoothing: float, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         RunLength(base, cap, smoothing=smoothing)
+
+
+def test_straggler_runs_follow_run_length_while_they_are_on() -> None:
+    lengths = RunLength(8, 64)
+    sizer = RunSizer(8, min_samples=16, lengths=lengths)
+    lengths.observe("read", wall_s=0.0008, cpu_s=0.0001, samples=8)
+    lengths.observe("decode", wall_s=0.0008, cpu_s=0.0003, samples=8)
+    assert sizer.size() == 1  # nothing judged yet: the early verdict's wait
+    feed(sizer, [0.0001] * 100, [0.00004] * 100)
+    assert sizer.size() == lengths.size() == 40  # runs on: as long as cheap samples allow
+    feed(sizer, [0.150] * 40, [])  # slow reads: one per call, however cheap the samples
+    assert sizer.size() == 1
+
+
+def test_a_sizers_run_length_starts_at_its_most() -> None:
+    with pytest.raises(ValueError, match="lengths"):
+        RunSizer(8, lengths=RunLength(4, 64))
