@@ -353,9 +353,13 @@ def _check_output_paths(paths: dict[str, Path | None]) -> None:
         if path is None:
             continue
         shown = f"{flag} {shown_key(str(path))}"
-        if path.is_dir():
+        try:  # is_dir() raises what it does not take for "no": a name too long (QA72)
+            is_dir, parent_is_dir = path.is_dir(), path.parent.is_dir()
+        except OSError as exc:
+            raise CliError(f"{shown}: cannot be a file here ({exc.strerror})") from None
+        if is_dir:
             raise CliError(f"{shown}: is a folder; give a file path")
-        if not path.parent.is_dir():
+        if not parent_is_dir:
             raise CliError(f"{shown}: folder {shown_key(str(path.parent))} does not exist")
         if _is_stdout(path):
             continue  # both lists may go to stdout, one after the other

@@ -198,6 +198,12 @@ def test_bench_quick_writes_json_and_png(tmp_path: Path) -> None:
             "--good-list /no/such/x.csv: folder /no/such does not exist",
         ),
         (("--bogus", "demo"), "gpu-loader: error: unrecognized arguments: --bogus"),
+        # QA72: a file name too long for the file system was a traceback.
+        (
+            ("verify", "--data", ".", "--good-list", f"/tmp/{'a' * 300}.csv"),
+            "cannot be a file here (File name too long)",
+        ),
+        (("demo", "--data", ".", "--json", f"/tmp/{'b' * 300}.json"), "File name too long"),
     ],
 )
 def test_errors_are_one_line_without_traceback(
