@@ -1016,7 +1016,7 @@ class EpochBase:
             late = sum(
                 n - before.get(s, 0) for s, n in per_stage.items() if s in self.after_batching
             )
-            done = self.batcher.completed_ok() + failed - late
+            done = max(self.batcher.completed_ok() + failed - late, self.samples_read())
             final = final or done >= self.batcher.plan.num_kept
             if not passed and not rate_passed(failed, done, limit, final=final):
                 return None
@@ -1032,6 +1032,14 @@ class EpochBase:
             f"{stages}); see failed_samples() for every key",
             causes,
         )
+
+    def samples_read(self) -> int:
+        """The epoch's samples whose read has ended (failed or not), resumed ones included,
+        where the epoch counts them (`CpuEpoch` with runs); 0 elsewhere. A lower bound of
+        the samples finished for `failure_total_error`: a read failure counts at once, while
+        the samples read well around it reach the batcher only as their decode runs end
+        (runs of 32 made "108 of 266" of 25% bad files, against 0.3)."""
+        return 0
 
     def failure_causes(self) -> list[Exception]:
         """The errors of this pass's failed samples in epoch order (at most `MAX_CAUSES`),
@@ -1233,6 +1241,10 @@ class CpuEpoch(EpochBase):
         self.run_calls = dict.fromkeys(self.run_policies, 0)
         self.run_calls_lock = threading.Lock()
         self.ordinals = {stage: itertools.count(1) for stage in self.run_policies}
+        # The last ordinal each stage handed out (`samples_read`), and the samples a
+        # resume had read before this pass.
+        self.last_ordinal = dict.fromkeys(self.run_policies, 0)
+        self.read_before = before["read"][0]
         # Failures before a resume may pass the limit already (a lower max_failures):
         # stop before the first sample, as the engine's stages do (QA53).
         self.run_error: PipelineFailure | None = next(
@@ -1365,7 +1377,7 @@ class CpuEpoch(EpochBase):
         limit = self.decode_limit if stage == "decode" else None
         timed = sizer is not None or limit is not None  # straggler mode's per-sample times
         took: list[float] = []
-        ordinals = self.ordinals[stage]
+        ordinals, last = self.ordinals[stage], self.last_ordinal
         hand, me = self.in_hand, threading.get_ident()  # `hold`, inline
         lengths = self.lengths
         if lengths is not None:
@@ -1379,12 +1391,13 @@ class CpuEpoch(EpochBase):
                 try:
                     op(task)
                 except Exception as exc:
-                    self.run_failure(stage, task, exc, next(ordinals))
+                    last[stage] = ordinal = next(ordinals)
+                    self.run_failure(stage, task, exc, ordinal)
                 except BaseException:
                     self.abandon(run[i:])
                     raise
                 else:
-                    next(ordinals)
+                    last[stage] = next(ordinals)
                     kept.append(task)
                     if timed:
                         took.append(clock() - began)
@@ -1402,6 +1415,11 @@ class CpuEpoch(EpochBase):
             lengths.observe(stage, clock() - run_began, time.thread_time() - run_cpu, len(run))
         self.run_done(stage, len(run))
         return kept
+
+    def samples_read(self) -> int:
+        if self.run_size == 1:
+            return 0  # the engine's own calls: no ordinals
+        return self.read_before + self.last_ordinal["read"]
 
     def run_done(self, stage: str, samples: int) -> None:
         with self.run_calls_lock:
