@@ -8,6 +8,12 @@ CPU time are measured after a short warm-up (worker start-up is excluded for eve
 
     python benchmarks/cpu_loaders.py                 # 2000 images, train and eval, 3 rounds
     python benchmarks/cpu_loaders.py --quick         # a smoke run (704 images, 8 timed batches)
+    python benchmarks/cpu_loaders.py --sides 32,64 --size 32 --batch-size 256 --num-images 20000
+                                                     # tiny images to a tiny output
+
+``--size`` (output side), ``--batch-size`` and ``--sides`` (the generated images' side range)
+change the workload for every system alike; a run off the defaults writes
+``cpu_loaders-<size>px-b<batch>.json`` rather than the main table's file.
 
 The peers get as many worker processes or threads as the machine has CPUs (``--peer-workers``;
 DataLoader+Pillow also at twice that), as gpu_loader's automatic threads do: on 2 CPUs the
@@ -43,6 +49,8 @@ from gpu_loader.benchmarks._common import (
 BATCH = 64
 SIZE = 224
 RESIZE = 256
+SIDES = (200, 800)  # the generated images' side range (make_image_folder's default)
+DEFAULT_WORKLOAD = (SIZE, BATCH, SIDES)  # the main table's (`set_workload` changes SIZE, BATCH)
 WARMUP_BATCHES = 3
 MIN_TIMED_BATCHES = 5  # fewer is one batch's noise (or only a short last batch), not a rate
 QUICK_IMAGES = (WARMUP_BATCHES + 8) * BATCH
@@ -416,20 +424,58 @@ def available(system: str) -> str | None:
     return None
 
 
-def ensure_dataset(data: Path | None, num_images: int) -> Path:
+def ensure_dataset(data: Path | None, num_images: int, sides: tuple[int, int] = SIDES) -> Path:
     from gpu_loader.cli import cache_dir
     from gpu_loader.datasets import make_image_folder
 
     if data is not None:
         return data
-    target = cache_dir() / f"bench-photos-{num_images}"
-    return make_image_folder(target, num_images=num_images, num_classes=10, seed=0, progress=True)
+    name = f"bench-photos-{num_images}"
+    if sides != SIDES:
+        name += f"-{sides[0]}-{sides[1]}px"
+    return make_image_folder(
+        cache_dir() / name,
+        num_images=num_images,
+        num_classes=10,
+        seed=0,
+        min_side=sides[0],
+        max_side=sides[1],
+        progress=True,
+    )
+
+
+def set_workload(size: int, batch: int) -> None:
+    """The output side and batch size every system runs (module-wide, in each process);
+    eval resizes the shorter side to ``size`` x 256/224 first, as at 224."""
+    global SIZE, RESIZE, BATCH
+    SIZE, BATCH = size, batch
+    RESIZE = round(size * 256 / 224)
+
+
+def _sides(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX (two integers), got {text!r}") from None
+    if not 8 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 8 <= MIN <= MAX, got {text!r}")
+    return low, high
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="image folder (default: generated photos)")
     parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=SIZE, help=f"output side (default {SIZE})")
+    parser.add_argument(
+        "--batch-size", type=int, default=BATCH, help=f"batch size (default {BATCH})"
+    )
+    parser.add_argument(
+        "--sides",
+        type=_sides,
+        default=SIDES,
+        help=f"MIN,MAX: side range of the generated images (default {SIDES[0]},{SIDES[1]})",
+    )
     parser.add_argument("--transforms", default="train,eval", help="comma list: train,eval")
     parser.add_argument(
         "--systems", help="comma list of systems (default: all of them; see the JSON's 'systems')"
@@ -451,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"smoke run: {QUICK_IMAGES} images, train only, one round, gpu_loader vs "
+        help=f"smoke run: {QUICK_IMAGES} images (at batch {BATCH}), train only, one round, gpu_loader vs "
         "DataLoader with Pillow and with gpu_loader's per-sample path",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -461,12 +507,17 @@ def main(argv: list[str] | None = None) -> int:
     workers = args.peer_workers
     if workers < 1:
         parser.error(f"--peer-workers must be >= 1, got {workers}")
+    if not 1 <= args.size <= 8192:
+        parser.error(f"--size must be 1 to 8192, got {args.size}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    set_workload(args.size, args.batch_size)
     known = systems(workers)
     if args.worker:
         print(json.dumps(measure(args.worker, args.data, args.kind, workers)))
         return 0
 
-    num = QUICK_IMAGES if args.quick else args.num_images
+    num = (WARMUP_BATCHES + 8) * BATCH if args.quick else args.num_images
     least = (WARMUP_BATCHES + MIN_TIMED_BATCHES) * BATCH
     if args.data is None and num < least:
         parser.error(f"--num-images must be at least {least} ({MIN_TIMED_BATCHES} timed batches)")
@@ -478,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown system(s) {unknown} with --peer-workers {workers}; choose from {list(known)}"
         )
     repeats = 1 if args.quick else args.repeats
-    data = ensure_dataset(args.data, num)
+    data = ensure_dataset(args.data, num, args.sides)
     runnable = []
     for system in chosen:
         why = available(system)
@@ -509,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
                         str(data),
                         "--peer-workers",
                         str(workers),
+                        "--size",
+                        str(SIZE),
+                        "--batch-size",
+                        str(BATCH),
                     ]
                 )
                 runs.append(
@@ -535,10 +590,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     table = format_table(rows, columns)
     path = write_results(
-        "cpu_loaders",
+        "cpu_loaders"
+        if (SIZE, BATCH, args.sides) == DEFAULT_WORKLOAD
+        else f"cpu_loaders-{SIZE}px-b{BATCH}",
         {
-            "dataset": {"path": str(data), "images": num},
+            "dataset": {
+                "path": str(data),
+                "images": num,
+                "sides": None if args.data is not None else list(args.sides),
+            },
             "batch_size": BATCH,
+            "output_size": SIZE,
             "repeats": repeats,
             "peer_workers": workers,
             "baseline": base,

@@ -145,3 +145,39 @@ def test_results_stay_beside_the_code_only_in_a_checkout(
     assert _common.default_results_dir() == tmp_path / "benchmark-results"
     path = _common.write_results("x", {"rows": []})
     assert path == tmp_path / "benchmark-results" / "x.json" and path.is_file()
+
+
+def test_cpu_loaders_runs_another_workload_for_every_system_into_its_own_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tiny images to a tiny output (the case where gpu_loader led least): every system
+    # gets the same output size and batch size, and the main table's file is left alone.
+    from gpu_loader.benchmarks import cpu_loaders
+
+    monkeypatch.setenv("GPU_LOADER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_loaders, "SIZE", cpu_loaders.SIZE)  # main() sets them
+    monkeypatch.setattr(cpu_loaders, "BATCH", cpu_loaders.BATCH)
+    monkeypatch.setattr(cpu_loaders, "RESIZE", cpu_loaders.RESIZE)
+    args = ["--quick", "--sides", "24,40", "--size", "16", "--batch-size", "8"]
+    assert cpu_loaders.main([*args, "--out", str(tmp_path / "tiny.json")]) == 0
+    import json
+
+    data = json.loads((tmp_path / "tiny.json").read_text())
+    assert data["output_size"] == 16 and data["batch_size"] == 8
+    assert data["dataset"]["sides"] == [24, 40] and data["dataset"]["images"] == 11 * 8
+    shapes = {r["system"]: r["batch_shape"] for r in data["runs"]}
+    assert set(shapes) == set(cpu_loaders.quick_systems(data["peer_workers"]))
+    assert all(shape == [8, 3, 16, 16] for shape in shapes.values())
+    cached = list((tmp_path / "cache").iterdir())
+    assert [p.name for p in cached] == ["bench-photos-88-24-40px"]
+
+
+@pytest.mark.parametrize("text", ["32", "a,b", "64,32", "4,8"])
+def test_cpu_loaders_sides_must_be_a_range(text: str) -> None:
+    import argparse
+
+    from gpu_loader.benchmarks.cpu_loaders import _sides
+
+    assert _sides("32,64") == (32, 64)
+    with pytest.raises(argparse.ArgumentTypeError, match="MIN"):
+        _sides(text)
