@@ -50,6 +50,7 @@ from gpu_loader.batching import (
 from gpu_loader.batching._ledger import DELIVERED, Ledger, brief
 from gpu_loader.ops import load_into
 from gpu_loader.ops._decode import import_codecs
+from gpu_loader.ops._load import NativeJpeg, load_prepared, prepare_load
 from gpu_loader.pipeline import (
     IDLE,
     FailureRecord,
@@ -1363,6 +1364,8 @@ class CpuEpoch(EpochBase):
     def decode_run(self, run: list[Task]) -> list[Task]:
         rows = self.rows
         if rows is None:
+            if self.load_sample is load_into:
+                return self.decode_run_at_once(run)
             return self.each_in_run("decode", run, self.decode_one)
         state = Run()  # straggler mode: what `hold_back` knows of this run
         try:
@@ -1370,8 +1373,47 @@ class CpuEpoch(EpochBase):
         finally:
             rows.run_ended(state)
 
-    def each_in_run(self, stage: str, run: list[Task], op: Callable[[Task], None]) -> list[Task]:
-        """``op`` on each task of ``run``; the tasks it did not fail on."""
+    def decode_run_at_once(self, run: list[Task]) -> list[Task]:
+        """Ordered mode's `decode_run` without augment: each sample's header, checks and
+        parameters first (`prepare_load`; a file the native decoder does not take whole
+        is loaded there and then), then the run's JPEGs in one C call, one release of the
+        GIL for all (`load_prepared`). Per sample a release cost two hand-offs of the GIL
+        (more than a tiny JPEG's decode), and holding it serialised the decode threads."""
+        loader = self.loader
+        transform, dtype, max_pixels = loader.transform, loader.dtype, loader.options.max_pixels
+        seed, epoch = loader.seed, self.epoch
+        jobs: list[tuple[Task, NativeJpeg]] = []
+
+        def prepare(task: Task) -> bool:
+            out = self.slot(task.position)
+            job = prepare_load(
+                task.data or b"",
+                transform,
+                sample_stream(seed, epoch, task.stream),
+                out,
+                dtype=dtype,
+                key=task.key,
+                max_pixels=max_pixels,
+            )
+            if job is None:
+                self.load(task, out)
+                task.data = None
+                return False
+            jobs.append((task, job))
+            return True  # decoded after the others
+
+        return self.each_in_run("decode", run, prepare, later=jobs)
+
+    def each_in_run(
+        self,
+        stage: str,
+        run: list[Task],
+        op: Callable[[Task], bool | None],
+        later: list[tuple[Task, NativeJpeg]] | None = None,
+    ) -> list[Task]:
+        """``op`` on each task of ``run``; the tasks it did not fail on (in run order but
+        for those ``op`` put in ``later`` and said so, which `load_prepared` decodes after
+        the others, all at once)."""
         kept: list[Task] = []
         sizer, clock = self.sizer, time.perf_counter
         limit = self.decode_limit if stage == "decode" else None
@@ -1389,20 +1431,36 @@ class CpuEpoch(EpochBase):
                 began = clock()
                 hand[me] = (task.key, stage, began)
                 try:
-                    op(task)
+                    deferred = op(task)
                 except Exception as exc:
                     last[stage] = ordinal = next(ordinals)
                     self.run_failure(stage, task, exc, ordinal)
                 except BaseException:
-                    self.abandon(run[i:])
+                    self.abandon([*(t for t, _ in later or ()), *run[i:]])
                     raise
                 else:
+                    if deferred:
+                        continue
                     last[stage] = next(ordinals)
                     kept.append(task)
                     if timed:
                         took.append(clock() - began)
+            if later and not self.stopping.is_set():  # else dropped, as the rest of the run
+                errors = self.decode_later(later)
+                for task, error in zip([t for t, _ in later], errors, strict=True):
+                    task.data = None
+                    last[stage] = ordinal = next(ordinals)
+                    if error is None:
+                        kept.append(task)
+                    else:
+                        self.run_failure(stage, task, error, ordinal)
         finally:
             hand.pop(me, None)
+            if later:
+                # A failure kept until the epoch ends holds this frame in its traceback:
+                # the jobs' views of the batch tensors must not stay with it (the pool
+                # could not reuse those tensors: 51 allocated in 4 epochs against 10).
+                later.clear()
         # Recorded once per run (a lock each): with 16 threads every contended lock costs.
         if sizer is not None:
             sizer.observe(stage, took)
@@ -1420,6 +1478,19 @@ class CpuEpoch(EpochBase):
         if self.run_size == 1:
             return 0  # the engine's own calls: no ordinals
         return self.read_before + self.last_ordinal["read"]
+
+    def decode_later(self, later: list[tuple[Task, NativeJpeg]]) -> list[Exception | None]:
+        """`load_prepared` on ``later``'s jobs: per task None or its error. If the call
+        itself fails, every task fails with what it raised (a fatal error abandons them,
+        as `each_in_run` abandons the rest of a run)."""
+        try:
+            return load_prepared([job for _, job in later])
+        except Exception as exc:
+            what = f"decoding a run of {len(later)} JPEGs failed: {exc!r}"
+            return [RuntimeError(what) for _ in later]  # one each: each gets its own note
+        except BaseException:
+            self.abandon([task for task, _ in later])
+            raise
 
     def run_done(self, stage: str, samples: int) -> None:
         with self.run_calls_lock:

@@ -7,7 +7,9 @@ the fused transform; everything else takes the general path (decode, then transf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -113,6 +115,58 @@ def _dct_factor(
     return dct_factor_for(params, transform.output_size, height, width)
 
 
+class NativeJpeg(NamedTuple):
+    """A JPEG the native decoder takes whole, ready for `decode_resize_jpeg`: its arguments,
+    and what `load_into` returns and its errors name."""
+
+    args: tuple[Any, ...]
+    key: str
+    height: int
+    width: int
+    max_scans: int
+
+
+def _native_jpeg(
+    native: ModuleType,
+    buf: bytes | memoryview,
+    transform: TrainTransform | EvalTransform,
+    rng: Random,
+    out: np.ndarray,
+    dtype: OutputDtype,
+    key: str,
+    max_pixels: int,
+) -> NativeJpeg | None:
+    """Header, checks and parameters for the one C call; None (nothing drawn from ``rng``)
+    for the JPEGs left to the general path: EXIF-rotated ones (when the transform applies
+    EXIF orientation) and colour spaces other than YCbCr, RGB and grey."""
+    height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
+    rotated = orientation != 1 and transform.exif_orientation  # else: as stored
+    if rotated or colorspace not in _NATIVE_COLORSPACES:
+        return None
+    _check_pixels(key, height, width, max_pixels)
+    max_scans = scan_limit(height, width, max_pixels)
+    params = transform.make_params(height, width, rng)
+    factor = cap_dct_factor(_dct_factor(transform, params, height, width), buf, chroma)
+    if factor != 1:
+        params = params.scaled(1.0 / factor)
+    args = (
+        buf,
+        factor,
+        -(-height // factor),  # libjpeg's scaled size: ceil(height / factor)
+        -(-width // factor),
+        *native_target(params, out, dtype, transform.mean, transform.std, transform.interpolation),
+        max_scans,  # its progress monitor stops libjpeg past it
+    )
+    return NativeJpeg(args, key, height, width, max_scans)
+
+
+def _native_error(message: str, key: str, max_scans: int) -> DecodeError:
+    """The DecodeError for the native decoder's JpegError ``message``."""
+    if message == f"more than {max_scans} scans":
+        return too_many_scans(key, max_scans)
+    return DecodeError(f"cannot decode image {key!r}: corrupt or truncated JPEG data ({message})")
+
+
 def _load_jpeg_native(
     native: ModuleType,
     buf: bytes | memoryview,
@@ -126,34 +180,57 @@ def _load_jpeg_native(
     """One C call: region + DCT-scaled decode streamed into the fused transform.
 
     Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
-    general path: EXIF-rotated ones (when the transform applies EXIF orientation) and
-    colour spaces other than YCbCr, RGB and grey.
+    general path (`_native_jpeg`).
     """
-    height, width, colorspace, orientation, chroma = _jpeg_header(buf, key)
-    rotated = orientation != 1 and transform.exif_orientation  # else: as stored
-    if rotated or colorspace not in _NATIVE_COLORSPACES:
+    job = _native_jpeg(native, buf, transform, rng, out, dtype, key, max_pixels)
+    if job is None:
         return None
-    _check_pixels(key, height, width, max_pixels)
-    max_scans = scan_limit(height, width, max_pixels)
-    params = transform.make_params(height, width, rng)
-    factor = cap_dct_factor(_dct_factor(transform, params, height, width), buf, chroma)
-    if factor != 1:
-        params = params.scaled(1.0 / factor)
     try:
-        native.decode_resize_jpeg(
-            buf,
-            factor,
-            -(-height // factor),  # libjpeg's scaled size: ceil(height / factor)
-            -(-width // factor),
-            *native_target(
-                params, out, dtype, transform.mean, transform.std, transform.interpolation
-            ),
-            max_scans,  # its progress monitor stops libjpeg past it
-        )
+        native.decode_resize_jpeg(*job.args)
     except native.JpegError as exc:
-        if str(exc) == f"more than {max_scans} scans":
-            raise too_many_scans(key, max_scans) from None
-        raise DecodeError(
-            f"cannot decode image {key!r}: corrupt or truncated JPEG data ({exc})"
-        ) from None
-    return height, width
+        raise _native_error(str(exc), key, job.max_scans) from None
+    return job.height, job.width
+
+
+def prepare_load(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    transform: TrainTransform | EvalTransform,
+    rng: Random,
+    out: np.ndarray,
+    *,
+    dtype: OutputDtype,
+    key: str = "?",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> NativeJpeg | None:
+    """`load_into`'s work up to its one C call, for a JPEG the native decoder takes whole;
+    `load_prepared` then decodes many such at once. None: ``data`` takes another path
+    (`load_into` it); raises what `load_into` raises before decoding. ``data`` and ``out``
+    must stay alive and unchanged until `load_prepared` returns."""
+    buf = _as_bytes(data)
+    _check_out(out, dtype)
+    native = native_module()
+    if native is None or not out.flags.c_contiguous or sniff(buf) != "jpeg":
+        return None
+    return _native_jpeg(native, buf, transform, rng, out, dtype, key, max_pixels)
+
+
+def load_prepared(jobs: Sequence[NativeJpeg]) -> list[Exception | None]:
+    """Decode `prepare_load`'s ``jobs`` into their ``out``, all in one release of the GIL
+    (with runs of small JPEGs, a release per image cost more than the decodes; holding it
+    kept the decode threads from running side by side): per job None, or the error
+    `load_into` would have raised."""
+    if not jobs:
+        return []
+    native = native_module()
+    if native is None:
+        raise RuntimeError("load_prepared needs the native backend (prepare_load gave jobs)")
+    results = native.decode_resize_jpegs([job.args for job in jobs])
+    errors: list[Exception | None] = []
+    for job, result in zip(jobs, results, strict=True):
+        if result is None:
+            errors.append(None)
+        elif isinstance(result, str):
+            errors.append(_native_error(result, job.key, job.max_scans))
+        else:
+            errors.append(MemoryError(f"out of memory decoding {job.key!r}"))
+    return errors

@@ -17,6 +17,9 @@
  *       is ever allocated. The rows after the box are still entropy-decoded (skipped, not
  *       reconstructed), so a truncated or corrupt file fails wherever its damage is, exactly as
  *       a full decode would. (height, width) are the expected scaled dimensions.
+ *   decode_resize_jpegs(calls)
+ *       decode_resize_jpeg on each argument tuple of ``calls``, all in one release of the
+ *       GIL; per call None, the JpegError message, or -1 (out of memory).
  *
  * The resize runs vertical-first: each source row is added, weighted, into the accumulators
  * of the few output rows whose window contains it (a ring of rows, contiguous and
@@ -687,48 +690,83 @@ static int jpeg_job_run(JpegJob *job, const uint8_t *data, size_t size, int deno
  * a hostile file's scans can cost. */
 #define SMALL_JOB_PIXELS 8192
 #define SMALL_JOB_BYTES 32768
-static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
+/* One decode_resize_jpeg call's arguments, parsed and checked (the GIL held), and its job. */
+typedef struct {
     Py_buffer data, out;
-    int denom, height, width, out_h, out_w, flip, dtype, filter = FILTER_BILINEAR;
-    PyObject *box_obj, *scale_obj, *shift_obj;
-    (void)self;
-    int max_scans = MAX_JPEG_SCANS;
-    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|ii", &data, &denom, &height, &width, &box_obj,
-                          &out, &out_h, &out_w, &flip, &dtype, &scale_obj, &shift_obj, &filter,
-                          &max_scans))
-        return NULL;
-    PyObject *result = NULL;
+    int held; /* the two buffers are held (released by job_args_free) */
+    int denom, height, width, out_h, out_w, flip, dtype;
     double box[4];
     float scale[3], shift[3];
-    JpegJob *job = calloc(1, sizeof(JpegJob));
-    if (!job) {
+    JpegJob *job;
+} JobArgs;
+
+/* Parse one call's arguments into a (zeroed) JobArgs: 0, or -1 with an exception set. */
+static int job_args_parse(PyObject *args, JobArgs *a) {
+    PyObject *box_obj, *scale_obj, *shift_obj;
+    int filter = FILTER_BILINEAR, max_scans = MAX_JPEG_SCANS;
+    if (!PyArg_ParseTuple(args, "y*iiiOw*iipiOO|ii", &a->data, &a->denom, &a->height, &a->width,
+                          &box_obj, &a->out, &a->out_h, &a->out_w, &a->flip, &a->dtype,
+                          &scale_obj, &shift_obj, &filter, &max_scans))
+        return -1;
+    a->held = 1;
+    a->job = calloc(1, sizeof(JpegJob));
+    if (!a->job) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    if (parse_common(box_obj, scale_obj, shift_obj, box, scale, shift, dtype) ||
-        check_filter(filter) || check_out(&out, out_h, out_w, dtype) ||
-        check_box(box, height, width))
-        goto done;
-    job->filter = filter;
+    if (parse_common(box_obj, scale_obj, shift_obj, a->box, a->scale, a->shift, a->dtype) ||
+        check_filter(filter) || check_out(&a->out, a->out_h, a->out_w, a->dtype) ||
+        check_box(a->box, a->height, a->width))
+        return -1;
+    a->job->filter = filter;
     if (max_scans < 1 || max_scans > MAX_JPEG_SCANS) {
         PyErr_Format(PyExc_ValueError, "max_scans must be 1 to %d, got %d", MAX_JPEG_SCANS,
                      max_scans);
-        goto done;
+        return -1;
     }
-    job->err.max_scans = max_scans;
-    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
-        PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", denom);
-        goto done;
+    a->job->err.max_scans = max_scans;
+    if (a->denom != 1 && a->denom != 2 && a->denom != 4 && a->denom != 8) {
+        PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", a->denom);
+        return -1;
     }
+    return 0;
+}
+
+/* jpeg_job_run on a parsed call; runs without the GIL. */
+static int job_args_run(JobArgs *a) {
+    return jpeg_job_run(a->job, a->data.buf, (size_t)a->data.len, a->denom, a->height, a->width,
+                        a->box, a->out.buf, a->out_h, a->out_w, a->flip, a->dtype, a->scale,
+                        a->shift);
+}
+
+static void job_args_free(JobArgs *a) {
+    if (a->job) {
+        if (a->job->created) jpeg_destroy_decompress(&a->job->cinfo);
+        free(a->job->rows);
+        resizer_free(&a->job->r);
+        free(a->job);
+        a->job = NULL;
+    }
+    if (a->held) {
+        PyBuffer_Release(&a->data);
+        PyBuffer_Release(&a->out);
+        a->held = 0;
+    }
+}
+
+static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
+    (void)self;
+    JobArgs a;
+    memset(&a, 0, sizeof(a));
+    PyObject *result = NULL;
+    if (job_args_parse(args, &a)) goto done;
     int status;
-    if ((long long)height * width + (long long)out_h * out_w <= SMALL_JOB_PIXELS &&
-        data.len <= SMALL_JOB_BYTES) {
-        status = jpeg_job_run(job, data.buf, (size_t)data.len, denom, height, width, box,
-                              out.buf, out_h, out_w, flip, dtype, scale, shift);
+    if ((long long)a.height * a.width + (long long)a.out_h * a.out_w <= SMALL_JOB_PIXELS &&
+        a.data.len <= SMALL_JOB_BYTES) {
+        status = job_args_run(&a);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        status = jpeg_job_run(job, data.buf, (size_t)data.len, denom, height, width, box,
-                              out.buf, out_h, out_w, flip, dtype, scale, shift);
+        status = job_args_run(&a);
         Py_END_ALLOW_THREADS
     }
     if (status < 0) {
@@ -736,20 +774,69 @@ static PyObject *py_decode_resize_jpeg(PyObject *self, PyObject *args) {
         goto done;
     }
     if (status > 0) {
-        PyErr_SetString(JpegError, job->err.message);
+        PyErr_SetString(JpegError, a.job->err.message);
         goto done;
     }
     result = Py_None;
     Py_INCREF(result);
 done:
-    if (job) {
-        if (job->created) jpeg_destroy_decompress(&job->cinfo);
-        free(job->rows);
-        resizer_free(&job->r);
-        free(job);
+    job_args_free(&a);
+    return result;
+}
+
+/* decode_resize_jpegs(calls): decode_resize_jpeg on each argument tuple of the sequence
+ * ``calls``, all of them in one release of the GIL (a run of small JPEGs otherwise paid two
+ * hand-offs of it per image, or held it through every decode). Arguments are checked first,
+ * all of them: a bad one raises as decode_resize_jpeg would, and nothing is decoded. Returns
+ * a list with one entry per call: None (decoded), the JpegError message (a str), or -1 (out
+ * of memory); a failed call leaves the others' results as they are. */
+static PyObject *py_decode_resize_jpegs(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *calls = PySequence_Fast(arg, "decode_resize_jpegs takes a sequence of argument tuples");
+    if (!calls) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(calls);
+    PyObject *result = NULL;
+    JobArgs *jobs = n > 0 ? calloc((size_t)n, sizeof(JobArgs)) : NULL;
+    int *status = n > 0 ? calloc((size_t)n, sizeof(int)) : NULL;
+    if (n > 0 && (!jobs || !status)) {
+        PyErr_NoMemory();
+        goto done;
     }
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&out);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject *item = PySequence_Fast_GET_ITEM(calls, i);
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "decode_resize_jpegs: call %zd is not a tuple", i);
+            goto done;
+        }
+        if (job_args_parse(item, &jobs[i])) goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; ++i) status[i] = job_args_run(&jobs[i]);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    if (!result) goto done;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject *entry;
+        if (status[i] == 0) {
+            entry = Py_None;
+            Py_INCREF(entry);
+        } else if (status[i] < 0) {
+            entry = PyLong_FromLong(-1);
+        } else {
+            entry = PyUnicode_DecodeUTF8(jobs[i].job->err.message,
+                                         (Py_ssize_t)strlen(jobs[i].job->err.message), "replace");
+        }
+        if (!entry) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, entry);
+    }
+done:
+    for (Py_ssize_t i = 0; jobs && i < n; ++i) job_args_free(&jobs[i]);
+    free(jobs);
+    free(status);
+    Py_DECREF(calls);
     return result;
 }
 
@@ -1384,6 +1471,9 @@ static PyMethodDef methods[] = {
      "decode_resize_jpeg(data, denom, height, width, box, out, out_h, out_w, flip, dtype, "
      "scale, shift)\n\nDecode a JPEG at 1/denom scale, only the region the box needs, "
      "streaming into resize_into's transform. Raises JpegError. GIL released."},
+    {"decode_resize_jpegs", py_decode_resize_jpegs, METH_O,
+     "decode_resize_jpegs(calls)\n\ndecode_resize_jpeg on each argument tuple, in one "
+     "release of the GIL: a list of None (decoded), the error message, or -1 (out of memory)."},
     {"train_params", py_train_params, METH_VARARGS,
      "train_params(key_low, key_high, height, width, s0, s1, log_r0, log_r1, flip_prob)\n\n"
      "TrainTransform.make_params from Philox(key=key_low | key_high << 64): (top, left, "

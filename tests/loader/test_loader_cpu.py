@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import pickle
@@ -1677,6 +1678,45 @@ def test_ordered_mode_grows_its_runs_while_samples_are_cheap(
         # A run goes out short when the window is full; most are whole.
         assert n / cap <= calls[1]["decode"] < n / base
     loader.close()
+
+
+def test_ordered_mode_decodes_a_runs_jpegs_in_one_call_with_the_same_pixels(
+    bad_list: tuple[FileList, set[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ordered mode prepares each sample of a decode run, then decodes the run's JPEGs in
+    # one C call (one release of the GIL); PNGs and bad files take their own way within
+    # the run. The batches equal one sample per call's bit for bit, and every bad file is
+    # reported with its key, none delivered.
+    import gpu_loader._epoch as epoch_module
+
+    source, bad_keys = bad_list
+    real, calls = epoch_module.load_prepared, []
+
+    def counted(jobs: Any) -> Any:
+        calls.append(len(jobs))
+        return real(jobs)
+
+    monkeypatch.setattr(epoch_module, "load_prepared", counted)
+    options = gl.LoaderOptions(io_threads=2, decode_threads=2)
+    batches = {}
+    for per_task in (None, 1):
+        loader = make(
+            source,
+            batch_size=16,
+            shuffle=False,
+            on_error="skip",
+            max_failures=None,
+            options=dataclasses.replace(options, samples_per_task=per_task),
+        )
+        batches[per_task] = run_epoch(loader)
+        assert {f.key for f in loader.failed_samples()} == bad_keys
+        loader.close()
+    assert calls and max(calls) > 1  # runs of JPEGs went in single calls
+    (a, b) = batches[None], batches[1]
+    assert [y.tolist() for _, y in a] == [y.tolist() for _, y in b]
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b, strict=True))
+    good = [source.label(i) for i in range(len(source)) if source.key(i) not in bad_keys]
+    assert sorted(labels_of(a)) == sorted(good)  # each good sample once, no bad one
 
 
 def test_samples_per_task_keeps_its_run_size_and_straggler_mode_its_sizers(

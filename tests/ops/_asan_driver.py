@@ -59,6 +59,7 @@ def main(so_path: str, cases_path: str) -> None:
                     )
                     assert np.array_equal(a, b), (h, w, denom, box, size, code, kernel)
                     exact += 1
+        calls, alone = [], []  # the damaged copies again, all in one decode_resize_jpegs
         for k in range(120):  # damaged copies: truncated, or bytes overwritten anywhere
             damaged = bytearray(data)
             if k % 3 == 0:
@@ -67,12 +68,16 @@ def main(so_path: str, cases_path: str) -> None:
                 for _ in range(int(rng.integers(1, 6))):
                     damaged[int(rng.integers(0, len(damaged)))] = int(rng.integers(0, 256))
             out = np.empty((3, 40, 40), np.float32)
+            args = (bytes(damaged), 1, h, w, (0.0, 0.0, h, w), out, 40, 40, False, 0, SCALE, SHIFT)
             try:
-                native.decode_resize_jpeg(
-                    bytes(damaged), 1, h, w, (0.0, 0.0, h, w), out, 40, 40, False, 0, SCALE, SHIFT
-                )
-            except ValueError:
+                native.decode_resize_jpeg(*args)
+            except ValueError as exc:
                 failed += 1
+                alone.append(str(exc))
+            else:
+                alone.append(None)
+            calls.append((*args[:5], np.empty_like(out), *args[6:]))
+        assert native.decode_resize_jpegs(calls) == alone
     assert failed > 0
     words = native.philox_words(5, 7, 1000)  # the crop-parameter draws: pure arithmetic
     assert words == np.random.Philox(key=5 | 7 << 64).random_raw(1000).tolist()

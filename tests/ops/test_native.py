@@ -22,7 +22,7 @@ from gpu_loader.ops import (
 from gpu_loader.ops._backend import ENV_VAR, native_module
 from gpu_loader.ops._resample import resize_reference
 from gpu_loader.ops._transform import NATIVE_DTYPE_CODES, native_affine
-from tests.ops.conftest import jpeg
+from tests.ops.conftest import jpeg, pillow_jpeg
 
 _native = pytest.importorskip("gpu_loader.ops._native", reason="checked by the next test")
 
@@ -396,3 +396,111 @@ def test_native_header_read_and_its_libjpeg_fallback_give_the_same_pixels(
     assert factors == [2, 8, 2, 8]  # 4:1:1 capped at 1/2 by either header read
     np.testing.assert_array_equal(outs[0], outs[2])
     np.testing.assert_array_equal(outs[1], outs[3])
+
+
+# -- many JPEGs in one call (prepare_load / load_prepared / decode_resize_jpegs) ------------
+def fuzzed_jpegs(count: int) -> list[bytes]:
+    """Good JPEGs of several flavours and sizes, and damaged copies of them."""
+    sources = [
+        jpeg(photo(120, 160, seed=1), 85, "420"),
+        jpeg(photo(40, 56, seed=2), 90, "444"),
+        pillow_jpeg(photo(300, 200, seed=3), "L"),
+        pil_jpeg(photo(96, 130, seed=4), progressive=True, quality=80),
+    ]
+    rng = np.random.default_rng(7)
+    out = []
+    for case in range(count):
+        data = bytearray(sources[case % len(sources)])
+        if case % 4 == 1:
+            data = data[: int(rng.integers(len(data) // 2, len(data)))]
+        elif case % 4 == 2:
+            for _ in range(3):
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        out.append(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("transform", [TrainTransform(48), EvalTransform(40, resize=44)])
+def test_jpegs_decoded_at_once_equal_load_into_one_by_one(
+    transform: TrainTransform | EvalTransform,
+) -> None:
+    # The same pixels bit for bit, and the same error (type and text) for each damaged file.
+    from gpu_loader.ops._load import load_prepared, prepare_load
+    from gpu_loader.sources import sample_stream
+
+    datas = fuzzed_jpegs(48)
+    h, w = transform.output_size
+    one = np.full((len(datas), 3, h, w), np.nan, np.float32)
+    many = np.full_like(one, np.nan)
+    expected: list[str | None] = []
+    for i, data in enumerate(datas):
+        try:
+            load_into(data, transform, sample_stream(5, 1, i), one[i], dtype="float32", key=f"f{i}")
+        except DecodeError as exc:
+            expected.append(f"{type(exc).__name__}: {exc}")
+        else:
+            expected.append(None)
+    jobs, got, later = [], [None] * len(datas), []
+    for i, data in enumerate(datas):
+        try:
+            job = prepare_load(
+                data, transform, sample_stream(5, 1, i), many[i], dtype="float32", key=f"f{i}"
+            )
+        except DecodeError as exc:
+            got[i] = f"{type(exc).__name__}: {exc}"
+        else:
+            assert job is not None  # every one of these is a JPEG the native path takes
+            jobs.append(job)
+            later.append(i)
+    assert len(jobs) > len(datas) // 2  # most get as far as the decode
+    for i, error in zip(later, load_prepared(jobs), strict=True):
+        got[i] = None if error is None else f"{type(error).__name__}: {error}"
+    assert got == expected
+    assert sum(e is not None for e in expected) > 10  # damage found, in both
+    ok = [i for i, e in enumerate(expected) if e is None]
+    assert np.array_equal(one[ok], many[ok])
+
+
+def test_prepare_load_leaves_other_files_to_load_into() -> None:
+    from gpu_loader.ops._load import prepare_load
+
+    t = TrainTransform(32)
+    out = np.empty((3, 32, 32), np.float32)
+    png = io.BytesIO()
+    Image.fromarray(photo(40, 40, seed=1)).save(png, "PNG")
+    rotated = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(photo(40, 60, seed=2)).save(rotated, "JPEG", exif=exif)
+    for data in (png.getvalue(), rotated.getvalue()):
+        assert prepare_load(data, t, np.random.default_rng(0), out, dtype="float32") is None
+    with pytest.raises(DecodeError, match=r"empty\.jpg"):  # as load_into raises it
+        prepare_load(
+            b"\xff\xd8\xff", t, np.random.default_rng(0), out, dtype="float32", key="empty.jpg"
+        )
+
+
+def test_decode_resize_jpegs_checks_every_call_before_decoding_any() -> None:
+    image = photo(40, 50, seed=1)
+    data = jpeg(image)
+    good_out = np.full((3, 8, 8), np.nan, np.float32)
+    bad_out = np.empty((3, 8, 8), np.float32)
+    good = (data, 1, 40, 50, (0.0, 0.0, 40.0, 50.0), good_out, 8, 8, False, 0, *NO_NORM)
+    bad = (data, 3, 40, 50, (0.0, 0.0, 40.0, 50.0), bad_out, 8, 8, False, 0, *NO_NORM)
+    with pytest.raises(ValueError, match="denom must be 1, 2, 4 or 8, got 3"):
+        _native.decode_resize_jpegs([good, bad])
+    assert np.isnan(good_out).all()  # nothing decoded
+    with pytest.raises(TypeError, match="call 1 is not a tuple"):
+        _native.decode_resize_jpegs([good, [1, 2]])
+    with pytest.raises(TypeError, match="sequence"):
+        _native.decode_resize_jpegs(5)
+    assert _native.decode_resize_jpegs([]) == []
+    wrong = (data, 1, 9, 9, (0.0, 0.0, 9.0, 9.0), bad_out, 8, 8, False, 0, *NO_NORM)
+    assert _native.decode_resize_jpegs([good, wrong, good]) == [
+        None,
+        "decoder gives 40x50 at 1/1 scale, expected 9x9",
+        None,
+    ]
+    alone = np.empty_like(good_out)
+    _native.decode_resize_jpeg(*good[:5], alone, *good[6:])
+    assert np.array_equal(good_out, alone)
