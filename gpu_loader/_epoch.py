@@ -51,6 +51,7 @@ from gpu_loader.batching._ledger import DELIVERED, Ledger, brief
 from gpu_loader.ops import load_into
 from gpu_loader.ops._decode import import_codecs
 from gpu_loader.ops._load import NativeJpeg, load_prepared, prepare_load
+from gpu_loader.ops._load import load_into as _load_into  # `load_into` may be patched (tests)
 from gpu_loader.pipeline import (
     IDLE,
     FailureRecord,
@@ -1364,7 +1365,7 @@ class CpuEpoch(EpochBase):
     def decode_run(self, run: list[Task]) -> list[Task]:
         rows = self.rows
         if rows is None:
-            if self.load_sample is load_into:
+            if self.load_sample is _load_into:  # no augment, no stand-in: two passes
                 return self.decode_run_at_once(run)
             return self.each_in_run("decode", run, self.decode_one)
         state = Run()  # straggler mode: what `hold_back` knows of this run
