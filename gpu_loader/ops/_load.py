@@ -57,13 +57,18 @@ def load_into(
     ``reduced_decode`` is False. Returns the original (height, width).
     Raises DecodeError (naming ``key``) for undecodable input.
     """
+    # A plain JPEG: one C call, region + DCT-scaled decode streamed into the fused
+    # transform. Else (nothing drawn from ``rng``, nothing written) the general path.
+    job = prepare_load(data, transform, rng, out, dtype=dtype, key=key, max_pixels=max_pixels)
+    if job is not None:
+        native = native_module()
+        assert native is not None  # prepare_load gives jobs only with it
+        try:
+            native.decode_resize_jpeg(*job.args)
+        except native.JpegError as exc:
+            raise _native_error(str(exc), key, job.max_scans) from None
+        return job.height, job.width
     buf = _as_bytes(data)
-    _check_out(out, dtype)  # the clear error for a wrong `out`, before either path uses it
-    native = native_module()
-    if native is not None and out.flags.c_contiguous and sniff(buf) == "jpeg":
-        done = _load_jpeg_native(native, buf, transform, rng, out, dtype, key, max_pixels)
-        if done is not None:
-            return done
     exif = transform.exif_orientation
     size = probe_size(buf, key=key, exif=exif)
     if size is None:
@@ -167,31 +172,6 @@ def _native_error(message: str, key: str, max_scans: int) -> DecodeError:
     return DecodeError(f"cannot decode image {key!r}: corrupt or truncated JPEG data ({message})")
 
 
-def _load_jpeg_native(
-    native: ModuleType,
-    buf: bytes | memoryview,
-    transform: TrainTransform | EvalTransform,
-    rng: Random,
-    out: np.ndarray,
-    dtype: OutputDtype,
-    key: str,
-    max_pixels: int,
-) -> tuple[int, int] | None:
-    """One C call: region + DCT-scaled decode streamed into the fused transform.
-
-    Returns None (nothing drawn from ``rng``, nothing written) for the JPEGs it leaves to the
-    general path (`_native_jpeg`).
-    """
-    job = _native_jpeg(native, buf, transform, rng, out, dtype, key, max_pixels)
-    if job is None:
-        return None
-    try:
-        native.decode_resize_jpeg(*job.args)
-    except native.JpegError as exc:
-        raise _native_error(str(exc), key, job.max_scans) from None
-    return job.height, job.width
-
-
 def prepare_load(
     data: bytes | bytearray | memoryview | np.ndarray,
     transform: TrainTransform | EvalTransform,
@@ -207,7 +187,7 @@ def prepare_load(
     (`load_into` it); raises what `load_into` raises before decoding. ``data`` and ``out``
     must stay alive and unchanged until `load_prepared` returns."""
     buf = _as_bytes(data)
-    _check_out(out, dtype)
+    _check_out(out, dtype)  # the clear error for a wrong `out`, before either path uses it
     native = native_module()
     if native is None or not out.flags.c_contiguous or sniff(buf) != "jpeg":
         return None
