@@ -1167,6 +1167,11 @@ class EpochBase:
         return self.batcher.stats()
 
 
+AT_ONCE_MOST_PIXELS = 1 << 16
+"""`CpuEpoch.decode_run_at_once` defers JPEGs of at most this many pixels at their DCT
+scale (256 x 256: well under a millisecond of decode) to the run's one C call."""
+
+
 class CpuEpoch(EpochBase):
     """read (I/O threads) -> decode + transform (CPU threads) -> batcher thread -> queue.
 
@@ -1376,10 +1381,12 @@ class CpuEpoch(EpochBase):
 
     def decode_run_at_once(self, run: list[Task]) -> list[Task]:
         """Ordered mode's `decode_run` without augment: each sample's header, checks and
-        parameters first (`prepare_load`; a file the native decoder does not take whole
-        is loaded there and then), then the run's JPEGs in one C call, one release of the
-        GIL for all (`load_prepared`). Per sample a release cost two hand-offs of the GIL
-        (more than a tiny JPEG's decode), and holding it serialised the decode threads."""
+        parameters first (`prepare_load`; a file the native decoder does not take whole,
+        or a large JPEG, is loaded there and then), then the run's small JPEGs in one C
+        call, one release of the GIL for all (`load_prepared`). Per sample a release cost
+        two hand-offs of the GIL (more than a tiny JPEG's decode), and holding it
+        serialised the decode threads. Large ones go alone: a call cannot stop midway, so
+        a run of them would hold `close()` (QA73: 0.3-0.8 s for 8 full 12 MP decodes)."""
         loader = self.loader
         transform, dtype, max_pixels = loader.transform, loader.dtype, loader.options.max_pixels
         seed, epoch = loader.seed, self.epoch
@@ -1399,6 +1406,12 @@ class CpuEpoch(EpochBase):
             if job is None:
                 self.load(task, out)
                 task.data = None
+                return False
+            if job.args[2] * job.args[3] > AT_ONCE_MOST_PIXELS:
+                (error,) = load_prepared([job])
+                task.data = None
+                if error is not None:
+                    raise error
                 return False
             jobs.append((task, job))
             return True  # decoded after the others
@@ -1421,6 +1434,7 @@ class CpuEpoch(EpochBase):
         timed = sizer is not None or limit is not None  # straggler mode's per-sample times
         took: list[float] = []
         ordinals, last = self.ordinals[stage], self.last_ordinal
+        held: list[tuple[Task, Exception]] = []  # failures after a deferred one (`later`)
         hand, me = self.in_hand, threading.get_ident()  # `hold`, inline
         lengths = self.lengths
         if lengths is not None:
@@ -1434,10 +1448,13 @@ class CpuEpoch(EpochBase):
                 try:
                     deferred = op(task)
                 except Exception as exc:
+                    if later:  # recorded after the JPEGs before it, in run order
+                        held.append((task, exc))
+                        continue
                     last[stage] = ordinal = next(ordinals)
                     self.run_failure(stage, task, exc, ordinal)
                 except BaseException:
-                    self.abandon([*(t for t, _ in later or ()), *run[i:]])
+                    self.abandon([*(t for t, _ in later or ()), *(t for t, _ in held), *run[i:]])
                     raise
                 else:
                     if deferred:
@@ -1447,8 +1464,10 @@ class CpuEpoch(EpochBase):
                     if timed:
                         took.append(clock() - began)
             if later and not self.stopping.is_set():  # else dropped, as the rest of the run
-                errors = self.decode_later(later)
-                for task, error in zip([t for t, _ in later], errors, strict=True):
+                done = [*zip([t for t, _ in later], self.decode_later(later), strict=True)]
+                # In run order (consecutive positions): with on_error="raise" the first
+                # failure recorded is the one named (QA73: a later file's was).
+                for task, error in sorted([*done, *held], key=lambda te: te[0].position):
                     task.data = None
                     last[stage] = ordinal = next(ordinals)
                     if error is None:
@@ -1462,6 +1481,7 @@ class CpuEpoch(EpochBase):
                 # the jobs' views of the batch tensors must not stay with it (the pool
                 # could not reuse those tensors: 51 allocated in 4 epochs against 10).
                 later.clear()
+            held.clear()
         # Recorded once per run (a lock each): with 16 threads every contended lock costs.
         if sizer is not None:
             sizer.observe(stage, took)

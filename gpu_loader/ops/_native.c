@@ -434,6 +434,10 @@ static void resizer_row(Resizer *r, int y, const uint8_t *pixels) {
 
 static int parse_common(PyObject *box_obj, PyObject *scale_obj, PyObject *shift_obj,
                         double box[4], float scale[3], float shift[3], int dtype) {
+    if (!PyTuple_Check(box_obj) || !PyTuple_Check(scale_obj) || !PyTuple_Check(shift_obj)) {
+        PyErr_SetString(PyExc_TypeError, "box, scale and shift must be tuples of floats");
+        return -1;
+    }
     if (!PyArg_ParseTuple(box_obj, "dddd;box must be (top, left, height, width)", &box[0],
                           &box[1], &box[2], &box[3]))
         return -1;
@@ -447,6 +451,10 @@ static int parse_common(PyObject *box_obj, PyObject *scale_obj, PyObject *shift_
     }
     if (dtype < 0 || dtype > 3) {
         PyErr_Format(PyExc_ValueError, "dtype code must be 0..3, got %d", dtype);
+        return -1;
+    }
+    if (!isfinite(box[0]) || !isfinite(box[1]) || !isfinite(box[2]) || !isfinite(box[3])) {
+        PyErr_Format(PyExc_ValueError, "crop box must be finite");
         return -1;
     }
     if (!(box[2] > 0.0) || !(box[3] > 0.0) || box[0] < 0.0 || box[1] < 0.0) {
@@ -739,11 +747,19 @@ static int job_args_run(JobArgs *a) {
                         a->shift);
 }
 
+/* A job's working memory (libjpeg's, a whole image's coefficients for a progressive file,
+ * and the resizer's), freed; its error message stays. Runs without the GIL. */
+static void job_release(JpegJob *job) {
+    if (job->created) jpeg_destroy_decompress(&job->cinfo);
+    job->created = 0;
+    free(job->rows);
+    job->rows = NULL;
+    resizer_free(&job->r);
+}
+
 static void job_args_free(JobArgs *a) {
     if (a->job) {
-        if (a->job->created) jpeg_destroy_decompress(&a->job->cinfo);
-        free(a->job->rows);
-        resizer_free(&a->job->r);
+        job_release(a->job);
         free(a->job);
         a->job = NULL;
     }
@@ -792,9 +808,14 @@ done:
  * of memory); a failed call leaves the others' results as they are. */
 static PyObject *py_decode_resize_jpegs(PyObject *self, PyObject *arg) {
     (void)self;
-    PyObject *calls = PySequence_Fast(arg, "decode_resize_jpegs takes a sequence of argument tuples");
+    /* A tuple of its own: converting an argument may run Python code that changes a list. */
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "decode_resize_jpegs takes a sequence of argument tuples");
+        return NULL;
+    }
+    PyObject *calls = PySequence_Tuple(arg);
     if (!calls) return NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(calls);
+    const Py_ssize_t n = PyTuple_GET_SIZE(calls);
     PyObject *result = NULL;
     JobArgs *jobs = n > 0 ? calloc((size_t)n, sizeof(JobArgs)) : NULL;
     int *status = n > 0 ? calloc((size_t)n, sizeof(int)) : NULL;
@@ -803,7 +824,7 @@ static PyObject *py_decode_resize_jpegs(PyObject *self, PyObject *arg) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject *item = PySequence_Fast_GET_ITEM(calls, i);
+        PyObject *item = PyTuple_GET_ITEM(calls, i);
         if (!PyTuple_Check(item)) {
             PyErr_Format(PyExc_TypeError, "decode_resize_jpegs: call %zd is not a tuple", i);
             goto done;
@@ -811,7 +832,10 @@ static PyObject *py_decode_resize_jpegs(PyObject *self, PyObject *arg) {
         if (job_args_parse(item, &jobs[i])) goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; ++i) status[i] = job_args_run(&jobs[i]);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        status[i] = job_args_run(&jobs[i]);
+        job_release(jobs[i].job); /* a failed progressive decode held a whole image's worth */
+    }
     Py_END_ALLOW_THREADS
     result = PyList_New(n);
     if (!result) goto done;

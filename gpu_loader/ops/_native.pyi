@@ -1,6 +1,5 @@
 """Type stub of the C extension gpu_loader.ops._native (source: _native.c beside this file)."""
 
-from collections.abc import Sequence
 from typing import Any
 
 from typing_extensions import Buffer
@@ -43,7 +42,9 @@ def decode_resize_jpeg(
     max_scans: int = 256,
     /,
 ) -> None: ...
-def decode_resize_jpegs(calls: Sequence[tuple[Any, ...]], /) -> list[str | int | None]: ...
+def decode_resize_jpegs(
+    calls: list[tuple[Any, ...]] | tuple[tuple[Any, ...], ...], /
+) -> list[str | int | None]: ...
 def train_params(
     key_low: int,
     key_high: int,

@@ -1719,6 +1719,50 @@ def test_ordered_mode_decodes_a_runs_jpegs_in_one_call_with_the_same_pixels(
     assert sorted(labels_of(a)) == sorted(good)  # each good sample once, no bad one
 
 
+def test_a_runs_first_bad_file_is_the_one_raise_mode_names(photo_dir: Path, tmp_path: Path) -> None:
+    # QA73: a file failing on its header was recorded before a JPEG failing in the run's
+    # one decode call before it, so on_error="raise" named the later file (10 of 10).
+    good = [str(p) for p in image_files(photo_dir) if p.suffix == ".jpg"]
+    data = Path(good[0]).read_bytes()
+    scan = data.index(b"\xff\xda")  # its header whole, garbage in the entropy data
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(data[: scan + 14] + bytes(range(256)) * 8 + b"\xff\xd9")
+    text = tmp_path / "text.jpg"
+    text.write_bytes(b"not an image at all" * 10)
+    items = [(k, i) for i, k in enumerate(good[:16])]
+    items[4], items[6] = (str(corrupt), 4), (str(text), 6)
+    options = gl.LoaderOptions(io_threads=1, decode_threads=1, samples_per_task=8)
+    for _ in range(3):
+        loader = make(FileList(items), batch_size=8, shuffle=False, options=options)
+        with pytest.raises(gl.PipelineFailure, match=r"First: .*corrupt"):
+            run_epoch(loader)
+        loader.close()
+
+
+def test_large_jpegs_are_decoded_one_by_one_within_a_run(
+    unique_list: FileList, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run's one decode call cannot stop midway: only small JPEGs wait for it, so a run
+    # of large ones cannot hold close() for all of them (QA73: 0.3-0.8 s).
+    import gpu_loader._epoch as epoch_module
+
+    real, calls = epoch_module.load_prepared, []
+
+    def counted(jobs: Any) -> Any:
+        calls.append(len(jobs))
+        return real(jobs)
+
+    monkeypatch.setattr(epoch_module, "load_prepared", counted)
+    options = gl.LoaderOptions(samples_per_task=8)
+    expected = run_epoch(make(unique_list, shuffle=False, options=options))
+    assert max(calls) > 1
+    calls.clear()
+    monkeypatch.setattr(epoch_module, "AT_ONCE_MOST_PIXELS", 0)  # every JPEG is "large"
+    got = run_epoch(make(unique_list, shuffle=False, options=options))
+    assert calls and set(calls) == {1}
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(expected, got, strict=True))
+
+
 def test_samples_per_task_keeps_its_run_size_and_straggler_mode_its_sizers(
     unique_list: FileList,
 ) -> None:

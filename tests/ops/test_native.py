@@ -504,3 +504,34 @@ def test_decode_resize_jpegs_checks_every_call_before_decoding_any() -> None:
     alone = np.empty_like(good_out)
     _native.decode_resize_jpeg(*good[:5], alone, *good[6:])
     assert np.array_equal(good_out, alone)
+
+
+def test_decode_resize_jpegs_refuses_bad_boxes_and_survives_a_list_changed_midway() -> None:
+    # QA73: a NaN box decoded nothing and said None (or -1: "out of memory"); a box that
+    # was no tuple was a SystemError; a list an argument's conversion cleared was read
+    # after it was freed (a segfault).
+    data = jpeg(photo(40, 50, seed=1))
+    out = np.empty((3, 8, 8), np.float32)
+
+    def call(box: object) -> tuple[object, ...]:
+        return (data, 1, 40, 50, box, out, 8, 8, False, 0, *NO_NORM)
+
+    for box in ((math.nan, 0.0, 9.0, 9.0), (0.0, math.inf, 9.0, 9.0)):
+        with pytest.raises(ValueError, match="crop box must be finite"):
+            _native.decode_resize_jpegs([call(box)])
+        with pytest.raises(ValueError, match="crop box must be finite"):
+            _native.decode_resize_jpeg(*call(box))
+    with pytest.raises(TypeError, match="must be tuples"):
+        _native.decode_resize_jpeg(*call([0.0, 0.0, 9.0, 9.0]))
+    calls: list[tuple[object, ...]] = []
+
+    class Clears:
+        def __index__(self) -> int:
+            calls.clear()
+            return 8
+
+    calls += [
+        call((0.0, 0.0, 9.0, 9.0)),
+        (data, 1, 40, 50, (0.0, 0.0, 9.0, 9.0), out, Clears(), 8, False, 0, *NO_NORM),
+    ]
+    assert _native.decode_resize_jpegs(calls) == [None, None] and calls == []
