@@ -50,7 +50,7 @@ from gpu_loader.batching import (
 from gpu_loader.batching._ledger import DELIVERED, Ledger, brief
 from gpu_loader.ops import load_into
 from gpu_loader.ops._decode import import_codecs
-from gpu_loader.ops._load import NativeJpeg, load_prepared, prepare_load
+from gpu_loader.ops._load import NativeJpeg, decode_prepared, load_prepared, prepare_load
 from gpu_loader.ops._load import load_into as _load_into  # `load_into` may be patched (tests)
 from gpu_loader.pipeline import (
     IDLE,
@@ -1408,10 +1408,8 @@ class CpuEpoch(EpochBase):
                 task.data = None
                 return False
             if job.args[2] * job.args[3] > AT_ONCE_MOST_PIXELS:
-                (error,) = load_prepared([job])
-                task.data = None
-                if error is not None:
-                    raise error
+                task.data = None  # `job` holds the bytes until the call ends
+                decode_prepared(job)
                 return False
             jobs.append((task, job))
             return True  # decoded after the others

@@ -1,5 +1,6 @@
-"""How many samples the CPU path's next read and decode call takes: `RunSizer` in
-straggler mode, `RunLength` in ordered mode (both with ``samples_per_task`` automatic).
+"""How many samples the CPU path's next read and decode call takes (``samples_per_task``
+automatic): `RunLength` in both modes, and in straggler mode `RunSizer`, which follows it
+while runs are on at all.
 
 One sample per engine call lets the slow lane move a single slow sample, but pays the
 per-call costs under the GIL (queue hops, stage counters, the slow-lane bookkeeping) for
@@ -176,7 +177,8 @@ MOST_LONG = 64
 
 
 class RunLength:
-    """Ordered mode's run length on the CPU path, with ``samples_per_task`` automatic.
+    """The CPU path's run length, with ``samples_per_task`` automatic (in straggler mode
+    while its `RunSizer` has runs on).
 
     Runs start at ``base`` (the fixed default, up to 8) and grow towards ``cap`` while
     samples are cheap: as many as take about `RUN_CPU_S` of CPU to read and decode,

@@ -61,13 +61,7 @@ def load_into(
     # transform. Else (nothing drawn from ``rng``, nothing written) the general path.
     job = prepare_load(data, transform, rng, out, dtype=dtype, key=key, max_pixels=max_pixels)
     if job is not None:
-        native = native_module()
-        assert native is not None  # prepare_load gives jobs only with it
-        try:
-            native.decode_resize_jpeg(*job.args)
-        except native.JpegError as exc:
-            raise _native_error(str(exc), key, job.max_scans) from None
-        return job.height, job.width
+        return decode_prepared(job)
     buf = _as_bytes(data)
     exif = transform.exif_orientation
     size = probe_size(buf, key=key, exif=exif)
@@ -192,6 +186,19 @@ def prepare_load(
     if native is None or not out.flags.c_contiguous or sniff(buf) != "jpeg":
         return None
     return _native_jpeg(native, buf, transform, rng, out, dtype, key, max_pixels)
+
+
+def decode_prepared(job: NativeJpeg) -> tuple[int, int]:
+    """Decode one `prepare_load` job alone (`load_into`'s own call; the GIL released but
+    for a small one): the original (height, width), or the error `load_into` raises."""
+    native = native_module()
+    if native is None:
+        raise RuntimeError("decode_prepared needs the native backend (prepare_load gave a job)")
+    try:
+        native.decode_resize_jpeg(*job.args)
+    except native.JpegError as exc:
+        raise _native_error(str(exc), job.key, job.max_scans) from None
+    return job.height, job.width
 
 
 def load_prepared(jobs: Sequence[NativeJpeg]) -> list[Exception | None]:

@@ -1746,13 +1746,18 @@ def test_large_jpegs_are_decoded_one_by_one_within_a_run(
     # of large ones cannot hold close() for all of them (QA73: 0.3-0.8 s).
     import gpu_loader._epoch as epoch_module
 
-    real, calls = epoch_module.load_prepared, []
+    real, real_one, calls = epoch_module.load_prepared, epoch_module.decode_prepared, []
 
     def counted(jobs: Any) -> Any:
         calls.append(len(jobs))
         return real(jobs)
 
+    def counted_one(job: Any) -> Any:
+        calls.append(1)
+        return real_one(job)
+
     monkeypatch.setattr(epoch_module, "load_prepared", counted)
+    monkeypatch.setattr(epoch_module, "decode_prepared", counted_one)
     options = gl.LoaderOptions(samples_per_task=8)
     expected = run_epoch(make(unique_list, shuffle=False, options=options))
     assert max(calls) > 1
