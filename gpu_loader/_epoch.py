@@ -24,14 +24,15 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
+from gpu_loader import _run_sizer
 from gpu_loader._augment import load_augmented, raised_by_augment
 from gpu_loader._batch import Batch as Yielded
 from gpu_loader._failed import FailedSample
-from gpu_loader._straggler_rows import Run, StragglerRows, as_numpy
+from gpu_loader._straggler_rows import Placed, Run, StragglerRows, as_numpy
 from gpu_loader._threads import (
     InterruptSafeEvent,
     interrupt_main_after,
@@ -71,6 +72,7 @@ from gpu_loader.pipeline._errors import (
 )
 from gpu_loader.pipeline._runtime import JOIN_TIMEOUT_S
 from gpu_loader.sources import sample_stream
+from gpu_loader.sources._base import FileIndex
 
 if TYPE_CHECKING:
     import torch
@@ -166,6 +168,16 @@ class Task:
             self.stream = self.index
 
 
+class Deferred(NamedTuple):
+    """A run's JPEG left to its one C call (`CpuEpoch.decode_run_at_once`)."""
+
+    task: Task
+    job: NativeJpeg
+    done: Callable[[bool], None] | None
+    """Told once whether it decoded (straggler mode's rows; calls after the first do
+    nothing), also when the call never runs; None in ordered mode."""
+
+
 def task_key(task: Task) -> str:
     return task.key
 
@@ -182,6 +194,15 @@ def _run_weight(run: Sequence[Any]) -> int:
     """A run's weight in its stage's slow lane: its samples (a run whose samples all
     failed to read reaches the decode stage empty, and takes no time there)."""
     return max(1, len(run))
+
+
+def drop_deferred(later: list[Deferred]) -> None:
+    """Empty ``later``, telling each not yet told that it was not decoded (dropped by a
+    stopping epoch or a fatal error)."""
+    for deferred in later:
+        if deferred.done is not None:
+            deferred.done(False)
+    later.clear()
 
 
 def _output(task: Task) -> Any:
@@ -1215,6 +1236,14 @@ class CpuEpoch(EpochBase):
         self.sizer = loader._run_sizer()
         sizer = self.sizer
         self.lengths = loader._run_length()
+        # A run's local files can be read in one call (`reads_at_once`) where reading is
+        # the index's own: a subclass's or a patched `read` is called per sample.
+        source = loader.source
+        self.local_reads = (
+            isinstance(source, FileIndex)
+            and type(source).read is FileIndex.read
+            and "read" not in vars(source)
+        )
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
         run_size = (
@@ -1347,12 +1376,15 @@ class CpuEpoch(EpochBase):
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
     # (a run of slow reads would otherwise hold `close()` for all of them).
     def read_run(self, run: list[Task]) -> list[Task]:
-        read = self.loader.source.read
+        source = self.loader.source
+        read = source.read
 
         def one(task: Task) -> None:
             task.data = read(task.index)
 
         if self.sizer is None or not self.sizer.probing:
+            if self.reads_at_once(len(run)):
+                return self.read_run_at_once(run, one)
             return self.each_in_run("read", run, one)
         sizer = self.sizer
 
@@ -1367,65 +1399,147 @@ class CpuEpoch(EpochBase):
 
         return self.each_in_run("read", run, probed)
 
+    def reads_at_once(self, samples: int) -> bool:
+        """Whether a run of ``samples`` reads goes in one native call (`read_run_at_once`):
+        local files of a `FileIndex` whose `read` is its own, and reads measured short
+        enough (`RunLength`) that all of them together take at most `RUN_READ_WALL_S`. A
+        call cannot stop midway, and a stopping epoch waits for it."""
+        lengths = self.lengths
+        if not self.local_reads or lengths is None or samples < 2:
+            return False
+        wall = lengths.read_wall_s
+        return wall is not None and wall * samples <= _run_sizer.RUN_READ_WALL_S
+
+    def read_run_at_once(self, run: list[Task], one: Callable[[Task], None]) -> list[Task]:
+        """`read_run` with the run's files read in one native call, one release of the GIL
+        for all (`FileIndex._read_local_run`; per file, the GIL's retake waited ~0.2-0.3
+        ms behind the decode threads on tiny files). The call is made at the first sample;
+        each sample then fails or not as its own `read` would, and counts its own time.
+        Without the native backend, or with a URL among them, each is read alone."""
+        source = self.loader.source
+        assert isinstance(source, FileIndex)
+        got: dict[int, bytes | Exception] | None = None
+        times: dict[int, float] = {}
+
+        def take(task: Task) -> None:
+            nonlocal got
+            if got is None:
+                read = source._read_local_run([t.index for t in run])
+                got = {}
+                if read is not None:
+                    positions = [t.position for t in run]
+                    got = dict(zip(positions, read[0], strict=True))
+                    times.update(zip(positions, read[1], strict=True))
+            if task.position not in got:
+                return one(task)
+            data = got.pop(task.position)
+            if isinstance(data, Exception):
+                raise data
+            task.data = data
+            return None
+
+        return self.each_in_run("read", run, take, times=times)
+
     def decode_run(self, run: list[Task]) -> list[Task]:
         rows = self.rows
+        at_once = self.load_sample is _load_into  # no augment, no stand-in: two passes
         if rows is None:
-            if self.load_sample is _load_into:  # no augment, no stand-in: two passes
+            if at_once:
                 return self.decode_run_at_once(run)
             return self.each_in_run("decode", run, self.decode_one)
         state = Run()  # straggler mode: what `hold_back` knows of this run
         try:
+            if at_once:
+                return self.decode_run_at_once(run, state)
             return self.each_in_run("decode", run, lambda task: self.decode_one(task, state))
         finally:
             rows.run_ended(state)
 
-    def decode_run_at_once(self, run: list[Task]) -> list[Task]:
-        """Ordered mode's `decode_run` without augment: each sample's header, checks and
-        parameters first (`prepare_load`; a file the native decoder does not take whole,
-        or a large JPEG, is loaded there and then), then the run's small JPEGs in one C
-        call, one release of the GIL for all (`load_prepared`). Per sample a release cost
-        two hand-offs of the GIL (more than a tiny JPEG's decode), and holding it
-        serialised the decode threads. Large ones go alone: a call cannot stop midway, so
-        a run of them would hold `close()` (QA73: 0.3-0.8 s for 8 full 12 MP decodes)."""
-        loader = self.loader
+    def decode_run_at_once(self, run: list[Task], state: Run | None = None) -> list[Task]:
+        """`decode_run` without augment: each sample's header, checks and parameters
+        first (`prepare_load`; a file the native decoder does not take whole, or a large
+        JPEG, is loaded there and then), then the run's small JPEGs in one C call, one
+        release of the GIL for all (`load_prepared`). Per sample a release cost two
+        hand-offs of the GIL (more than a tiny JPEG's decode), and holding it serialised
+        the decode threads. Large ones go alone: a call cannot stop midway, so a run of
+        them would hold `close()` (QA73: 0.3-0.8 s for 8 full 12 MP decodes). Straggler
+        mode (``state``: its run) places each sample first, as `decode_one` does, and
+        tells its rows when the call has decoded it."""
+        loader, rows = self.loader, self.rows
         transform, dtype, max_pixels = loader.transform, loader.dtype, loader.options.max_pixels
         seed, epoch = loader.seed, self.epoch
-        jobs: list[tuple[Task, NativeJpeg]] = []
+        jobs: list[Deferred] = []
 
         def prepare(task: Task) -> bool:
-            out = self.slot(task.position)
-            job = prepare_load(
-                task.data or b"",
-                transform,
-                sample_stream(seed, epoch, task.stream),
-                out,
-                dtype=dtype,
-                key=task.key,
-                max_pixels=max_pixels,
-            )
-            if job is None:
-                self.load(task, out)
-                task.data = None
-                return False
-            if job.args[2] * job.args[3] > AT_ONCE_MOST_PIXELS:
-                task.data = None  # `job` holds the bytes until the call ends
-                decode_prepared(job)
-                return False
-            jobs.append((task, job))
-            return True  # decoded after the others
+            placed: Placed | None = None
+            if rows is None:
+                out = self.slot(task.position)
+            else:
+                assert state is not None
+                rows.run_decoding(state)
+                placed = rows.place(task.position, len(task.data or b""))
+                out = placed.array
+            try:
+                job = prepare_load(
+                    task.data or b"",
+                    transform,
+                    sample_stream(seed, epoch, task.stream),
+                    out,
+                    dtype=dtype,
+                    key=task.key,
+                    max_pixels=max_pixels,
+                )
+                if job is None:
+                    self.load(task, out)
+                elif job.args[2] * job.args[3] > AT_ONCE_MOST_PIXELS:
+                    task.data = None  # `job` holds the bytes until the call ends
+                    decode_prepared(job)
+                else:
+                    done = None if placed is None else self.placed_done(task, placed, state)
+                    jobs.append(Deferred(task, job, done))
+                    return True  # decoded after the others
+            except BaseException:
+                if placed is not None:
+                    assert rows is not None
+                    rows.finished(placed, ok=False)
+                raise
+            if placed is not None:
+                assert rows is not None
+                rows.finished(placed, ok=True, run=state)
+                task.out = placed
+            task.data = None
+            return False
 
         return self.each_in_run("decode", run, prepare, later=jobs)
+
+    def placed_done(self, task: Task, placed: Placed, run: Run | None) -> Callable[[bool], None]:
+        """A deferred decode's `Deferred.done` in straggler mode: `decode_one`'s end."""
+        rows, told = self.rows, False
+        assert rows is not None
+
+        def done(ok: bool) -> None:
+            nonlocal told
+            if told:
+                return
+            told = True
+            rows.finished(placed, ok=ok, run=run)
+            if ok:
+                task.out = placed
+
+        return done
 
     def each_in_run(
         self,
         stage: str,
         run: list[Task],
         op: Callable[[Task], bool | None],
-        later: list[tuple[Task, NativeJpeg]] | None = None,
+        later: list[Deferred] | None = None,
+        times: Mapping[int, float] | None = None,
     ) -> list[Task]:
         """``op`` on each task of ``run``; the tasks it did not fail on (in run order but
         for those ``op`` put in ``later`` and said so, which `load_prepared` decodes after
-        the others, all at once)."""
+        the others, all at once). A deferred sample's time is its own part and an equal
+        share of the call; ``times`` gives others' own (position -> seconds)."""
         kept: list[Task] = []
         sizer, clock = self.sizer, time.perf_counter
         limit = self.decode_limit if stage == "decode" else None
@@ -1433,6 +1547,7 @@ class CpuEpoch(EpochBase):
         took: list[float] = []
         ordinals, last = self.ordinals[stage], self.last_ordinal
         held: list[tuple[Task, Exception]] = []  # failures after a deferred one (`later`)
+        prepared: dict[int, float] = {}  # position -> time of a deferred one's own part
         hand, me = self.in_hand, threading.get_ident()  # `hold`, inline
         lengths = self.lengths
         if lengths is not None:
@@ -1452,17 +1567,22 @@ class CpuEpoch(EpochBase):
                     last[stage] = ordinal = next(ordinals)
                     self.run_failure(stage, task, exc, ordinal)
                 except BaseException:
-                    self.abandon([*(t for t, _ in later or ()), *(t for t, _ in held), *run[i:]])
+                    self.abandon([*(d.task for d in later or ()), *(t for t, _ in held), *run[i:]])
                     raise
                 else:
                     if deferred:
+                        if timed:
+                            prepared[task.position] = clock() - began
                         continue
                     last[stage] = next(ordinals)
                     kept.append(task)
                     if timed:
-                        took.append(clock() - began)
+                        own = None if times is None else times.get(task.position)
+                        took.append(clock() - began if own is None else own)
             if later and not self.stopping.is_set():  # else dropped, as the rest of the run
-                done = [*zip([t for t, _ in later], self.decode_later(later), strict=True)]
+                call_began = clock()
+                done = [*zip([d.task for d in later], self.decode_later(later), strict=True)]
+                share = (clock() - call_began) / len(later)
                 # In run order (consecutive positions): with on_error="raise" the first
                 # failure recorded is the one named (QA73: a later file's was).
                 for task, error in sorted([*done, *held], key=lambda te: te[0].position):
@@ -1470,6 +1590,8 @@ class CpuEpoch(EpochBase):
                     last[stage] = ordinal = next(ordinals)
                     if error is None:
                         kept.append(task)
+                        if timed and task.position in prepared:
+                            took.append(prepared[task.position] + share)
                     else:
                         self.run_failure(stage, task, error, ordinal)
         finally:
@@ -1477,8 +1599,9 @@ class CpuEpoch(EpochBase):
             if later:
                 # A failure kept until the epoch ends holds this frame in its traceback:
                 # the jobs' views of the batch tensors must not stay with it (the pool
-                # could not reuse those tensors: 51 allocated in 4 epochs against 10).
-                later.clear()
+                # could not reuse those tensors: 51 allocated in 4 epochs against 10), nor
+                # in a local of it.
+                drop_deferred(later)
             held.clear()
         # Recorded once per run (a lock each): with 16 threads every contended lock costs.
         if sizer is not None:
@@ -1498,18 +1621,23 @@ class CpuEpoch(EpochBase):
             return 0  # the engine's own calls: no ordinals
         return self.read_before + self.last_ordinal["read"]
 
-    def decode_later(self, later: list[tuple[Task, NativeJpeg]]) -> list[Exception | None]:
-        """`load_prepared` on ``later``'s jobs: per task None or its error. If the call
-        itself fails, every task fails with what it raised (a fatal error abandons them,
-        as `each_in_run` abandons the rest of a run)."""
+    def decode_later(self, later: list[Deferred]) -> list[Exception | None]:
+        """`load_prepared` on ``later``'s jobs: per task None or its error, each told to
+        its `Deferred.done`. If the call itself fails, every task fails with what it
+        raised (a fatal error abandons them, as `each_in_run` abandons the rest of a run)."""
+        errors: list[Exception | None]
         try:
-            return load_prepared([job for _, job in later])
+            errors = list(load_prepared([d.job for d in later]))
         except Exception as exc:
             what = f"decoding a run of {len(later)} JPEGs failed: {exc!r}"
-            return [RuntimeError(what) for _ in later]  # one each: each gets its own note
+            errors = [RuntimeError(what) for _ in later]  # one each: each gets its own note
         except BaseException:
-            self.abandon([task for task, _ in later])
+            self.abandon([d.task for d in later])
             raise
+        for d, error in zip(later, errors, strict=True):
+            if d.done is not None:
+                d.done(error is None)
+        return errors
 
     def run_done(self, stage: str, samples: int) -> None:
         with self.run_calls_lock:

@@ -56,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jpeglib.h>
@@ -1396,26 +1397,27 @@ done:
 
 /* ------------------------------------------------------------------ whole-file reads */
 
-/* read_regular(path, limit) -> bytes | (st_mode, size, grew)
- *
- * open + fstat + read to EOF + close with the GIL released once. Python's own file calls
- * release and retake it for each system call (six to eight per file), and every retake
- * waits behind the threads that hold it. Opened non-blocking (a FIFO fails at once). A file
- * that is not regular, or holds more than `limit` bytes (-1: no limit), is not read: its
- * (st_mode, size, 0) comes back for the caller to word the error; one that grows past the
- * limit while it is read gives (st_mode, bytes read, 1). System errors raise OSError with
- * the path. */
-static PyObject *py_read_regular(PyObject *self, PyObject *args) {
-    PyObject *path_arg, *path_bytes = NULL;
-    long long limit;
-    if (!PyArg_ParseTuple(args, "OL:read_regular", &path_arg, &limit)) return NULL;
-    if (!PyUnicode_FSConverter(path_arg, &path_bytes)) return NULL;
-    const char *path = PyBytes_AS_STRING(path_bytes);
-    int err = 0, nomem = 0, refused = 0, grew = 0;
-    mode_t mode = 0;
-    char *buf = NULL;
-    size_t len = 0;
-    Py_BEGIN_ALLOW_THREADS
+/* One whole-file read, the GIL released by the caller: open + fstat + read to EOF +
+ * close. Opened non-blocking (a FIFO fails at once). A file that is not regular, or holds
+ * more than `limit` bytes (-1: no limit), is not read (`refused`, with its mode and size);
+ * one that grows past the limit while it is read is refused with `grew` and the bytes
+ * read. On success `buf` holds `len` bytes (malloc'd: the caller frees it). */
+typedef struct {
+    char *buf;
+    size_t len;
+    mode_t mode;
+    int err, nomem, refused, grew;
+    double seconds;
+} FileRead;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void read_one(const char *path, long long limit, FileRead *r) {
+    memset(r, 0, sizeof *r);
     int flags = O_RDONLY | O_NONBLOCK;
 #ifdef O_CLOEXEC
     flags |= O_CLOEXEC;
@@ -1426,64 +1428,171 @@ static PyObject *py_read_regular(PyObject *self, PyObject *args) {
     } while (fd < 0 && errno == EINTR);
     struct stat st;
     if (fd < 0) {
-        err = errno;
+        r->err = errno;
     } else if (fstat(fd, &st) != 0) {
-        err = errno;
+        r->err = errno;
     } else if (!S_ISREG(st.st_mode) || (limit >= 0 && st.st_size > limit)) {
-        refused = 1;
-        mode = st.st_mode;
-        len = (size_t)st.st_size;
+        r->refused = 1;
+        r->mode = st.st_mode;
+        r->len = (size_t)st.st_size;
     } else {
-        mode = st.st_mode;
+        r->mode = st.st_mode;
         /* One byte of room past the size, so the read that finds EOF (or a file that
          * grew) needs no second buffer. */
         size_t cap = (size_t)st.st_size + 1;
-        buf = malloc(cap);
-        nomem = buf == NULL;
-        while (buf != NULL) {
-            if (len == cap) {
-                if (limit >= 0 && (long long)len > limit) {
-                    refused = grew = 1;
+        r->buf = malloc(cap);
+        r->nomem = r->buf == NULL;
+        while (r->buf != NULL) {
+            if (r->len == cap) {
+                if (limit >= 0 && (long long)r->len > limit) {
+                    r->refused = r->grew = 1;
                     break;
                 }
                 /* Never more room than one byte past the limit: reaching it is enough. */
                 size_t more = cap * 2;
                 if (limit >= 0 && more > (size_t)limit + 1) more = (size_t)limit + 1;
-                char *grown = realloc(buf, more);
+                char *grown = realloc(r->buf, more);
                 if (grown == NULL) {
-                    nomem = 1;
+                    r->nomem = 1;
                     break;
                 }
-                buf = grown;
+                r->buf = grown;
                 cap = more;
             }
-            ssize_t n = read(fd, buf + len, cap - len);
+            ssize_t n = read(fd, r->buf + r->len, cap - r->len);
             if (n < 0) {
                 if (errno == EINTR) continue;
-                err = errno;
+                r->err = errno;
                 break;
             }
             if (n == 0) break;
-            len += (size_t)n;
+            r->len += (size_t)n;
         }
-        if (limit >= 0 && (long long)len > limit) refused = grew = 1;
+        if (limit >= 0 && (long long)r->len > limit) r->refused = r->grew = 1;
     }
     if (fd >= 0) close(fd);
+    if (r->err || r->nomem || r->refused) {
+        free(r->buf);
+        r->buf = NULL;
+    }
+}
+
+/* read_regular(path, limit) -> bytes | (st_mode, size, grew)
+ *
+ * `read_one` with the GIL released once. Python's own file calls release and retake it
+ * for each system call (six to eight per file), and every retake waits behind the threads
+ * that hold it. A file that is not regular or is over the limit gives (st_mode, size,
+ * grew) for the caller to word the error. System errors raise OSError with the path. */
+static PyObject *py_read_regular(PyObject *self, PyObject *args) {
+    PyObject *path_arg, *path_bytes = NULL;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "OL:read_regular", &path_arg, &limit)) return NULL;
+    if (!PyUnicode_FSConverter(path_arg, &path_bytes)) return NULL;
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    FileRead r;
+    Py_BEGIN_ALLOW_THREADS
+    read_one(path, limit, &r);
     Py_END_ALLOW_THREADS
     Py_DECREF(path_bytes);
     PyObject *result = NULL;
-    if (err) {
-        errno = err;
+    if (r.err) {
+        errno = r.err;
         PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_arg);
-    } else if (nomem) {
+    } else if (r.nomem) {
         PyErr_NoMemory();
-    } else if (refused) {
-        result = Py_BuildValue("(iKi)", (int)mode, (unsigned long long)len, grew);
+    } else if (r.refused) {
+        result = Py_BuildValue("(iKi)", (int)r.mode, (unsigned long long)r.len, r.grew);
     } else {
-        result = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+        result = PyBytes_FromStringAndSize(r.buf, (Py_ssize_t)r.len);
     }
-    free(buf);
+    free(r.buf);
     return result;
+}
+
+/* read_regulars(paths, limit) -> (results, seconds)
+ *
+ * `read_regular` on each path of a list or tuple, all in one release of the GIL (a run of
+ * small files otherwise waits to retake it once per file). Per path: bytes, (st_mode,
+ * size, grew) as read_regular, the errno of a failed system call (an int), -1 when out
+ * of memory, or the exception the path's conversion raised (a str with a NUL); and each
+ * read's seconds. Files are read in order, each one's buffer kept until the GIL is back. */
+static PyObject *py_read_regulars(PyObject *self, PyObject *args) {
+    PyObject *paths_arg;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "OL:read_regulars", &paths_arg, &limit)) return NULL;
+    /* A copy: converting a path runs Python code (os.fspath), which could change a list. */
+    PyObject *paths = PySequence_Tuple(paths_arg);
+    if (paths == NULL) return NULL;
+    const Py_ssize_t n = PyTuple_GET_SIZE(paths);
+    PyObject **converted = PyMem_Calloc((size_t)(n ? n : 1), sizeof *converted);
+    PyObject **failed = PyMem_Calloc((size_t)(n ? n : 1), sizeof *failed);
+    FileRead *reads = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reads);
+    PyObject *results = NULL, *seconds = NULL, *out = NULL;
+    if (converted == NULL || failed == NULL || reads == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(paths, i), &converted[i])) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (value == NULL || !PyErr_GivenExceptionMatches(value, PyExc_Exception)) {
+                PyErr_Restore(type, value, tb); /* a KeyboardInterrupt: raised */
+                goto done;
+            }
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            failed[i] = value;
+            converted[i] = NULL;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (converted[i] == NULL) continue;
+        double began = now_s();
+        read_one(PyBytes_AS_STRING(converted[i]), limit, &reads[i]);
+        reads[i].seconds = now_s() - began;
+    }
+    Py_END_ALLOW_THREADS
+    results = PyList_New(n);
+    seconds = PyList_New(n);
+    if (results == NULL || seconds == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        FileRead *r = &reads[i];
+        PyObject *item;
+        if (failed[i] != NULL) {
+            item = failed[i];
+            failed[i] = NULL;
+        } else if (r->err) {
+            item = PyLong_FromLong(r->err);
+        } else if (r->nomem) {
+            item = PyLong_FromLong(-1);
+        } else if (r->refused) {
+            item = Py_BuildValue("(iKi)", (int)r->mode, (unsigned long long)r->len, r->grew);
+        } else {
+            item = PyBytes_FromStringAndSize(r->buf, (Py_ssize_t)r->len);
+        }
+        if (item == NULL) goto done;
+        PyList_SET_ITEM(results, i, item);
+        PyObject *t = PyFloat_FromDouble(r->seconds);
+        if (t == NULL) goto done;
+        PyList_SET_ITEM(seconds, i, t);
+    }
+    out = PyTuple_Pack(2, results, seconds);
+done:
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (converted != NULL) Py_XDECREF(converted[i]);
+        if (failed != NULL) Py_XDECREF(failed[i]);
+        if (reads != NULL) free(reads[i].buf);
+    }
+    PyMem_Free(converted);
+    PyMem_Free(failed);
+    PyMem_Free(reads);
+    Py_XDECREF(results);
+    Py_XDECREF(seconds);
+    Py_DECREF(paths);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -1515,6 +1624,10 @@ static PyMethodDef methods[] = {
     {"jpeg_data_damage", py_jpeg_data_damage, METH_VARARGS,
      "jpeg_data_damage(data)\n\nNone, or (kind, at, a, b): what breaks the marker structure "
      "of a JPEG's compressed data (_jpeg_check). GIL released for the walk."},
+    {"read_regulars", py_read_regulars, METH_VARARGS,
+     "read_regulars(paths, limit)\n\nread_regular on each path in one release of the GIL: "
+     "(results, seconds); a result is bytes, (st_mode, size, grew), an errno, -1 (out of "
+     "memory) or the exception converting its path raised."},
     {"read_regular", py_read_regular, METH_VARARGS,
      "read_regular(path, limit)\n\nA regular file's bytes, read with the GIL released once; "
      "(st_mode, size, grew) instead for a file that is not regular or holds more than limit "

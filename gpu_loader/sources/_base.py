@@ -186,6 +186,19 @@ class FileIndex:
         key = self.key(i)
         return self._whole(i, key, _io.read_file(key, key))
 
+    def _read_local_run(
+        self, indices: Sequence[int]
+    ) -> tuple[list[bytes | Exception], list[float]] | None:
+        """`read` on each of ``indices`` in one native call (`_io.read_local_files`: one
+        release of the GIL for all) when each is a local file: per index its bytes or the
+        error `read` raises, and each read's seconds; None when one is a URL or the native
+        backend is not built (`read` them one by one)."""
+        keys = [self.key(i) for i in indices]
+        paths = [_io.local_path(key) for key in keys]
+        if None in paths:
+            return None
+        return _io.read_local_files(keys, [p for p in paths if p is not None])
+
     def readinto(self, i: int, buf: Buffer) -> int:
         key = self.key(i)
         if _io.local_path(key) is not None:

@@ -1680,13 +1680,15 @@ def test_ordered_mode_grows_its_runs_while_samples_are_cheap(
     loader.close()
 
 
-def test_ordered_mode_decodes_a_runs_jpegs_in_one_call_with_the_same_pixels(
-    bad_list: tuple[FileList, set[str]], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_runs_jpegs_are_decoded_in_one_call_with_the_same_pixels(
+    bad_list: tuple[FileList, set[str]], monkeypatch: pytest.MonkeyPatch, batching: str
 ) -> None:
-    # Ordered mode prepares each sample of a decode run, then decodes the run's JPEGs in
-    # one C call (one release of the GIL); PNGs and bad files take their own way within
-    # the run. The batches equal one sample per call's bit for bit, and every bad file is
-    # reported with its key, none delivered.
+    # Each sample of a decode run is prepared (straggler mode: placed in its rows first),
+    # then the run's JPEGs are decoded in one C call (one release of the GIL); PNGs and
+    # bad files take their own way within the run. Every sample equals one sample per
+    # call's bit for bit (ordered mode: the batches too), and every bad file is reported
+    # with its key, none delivered.
     import gpu_loader._epoch as epoch_module
 
     source, bad_keys = bad_list
@@ -1699,24 +1701,62 @@ def test_ordered_mode_decodes_a_runs_jpegs_in_one_call_with_the_same_pixels(
     monkeypatch.setattr(epoch_module, "load_prepared", counted)
     options = gl.LoaderOptions(io_threads=2, decode_threads=2)
     batches = {}
-    for per_task in (None, 1):
+    for per_task in (8, 1):  # 8 by hand: straggler mode's sizer may choose 1 (timing)
         loader = make(
             source,
             batch_size=16,
             shuffle=False,
             on_error="skip",
             max_failures=None,
+            batching=batching,
             options=dataclasses.replace(options, samples_per_task=per_task),
         )
-        batches[per_task] = run_epoch(loader)
+        batches[per_task] = [run_epoch(loader) for _ in range(2)]
         assert {f.key for f in loader.failed_samples()} == bad_keys
         loader.close()
     assert calls and max(calls) > 1  # runs of JPEGs went in single calls
-    (a, b) = batches[None], batches[1]
-    assert [y.tolist() for _, y in a] == [y.tolist() for _, y in b]
-    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b, strict=True))
     good = [source.label(i) for i in range(len(source)) if source.key(i) not in bad_keys]
-    assert sorted(labels_of(a)) == sorted(good)  # each good sample once, no bad one
+    for a, b in zip(batches[8], batches[1], strict=True):
+        assert sorted(labels_of(a)) == sorted(good)  # each good sample once, no bad one
+        if batching == "ordered":
+            assert [y.tolist() for _, y in a] == [y.tolist() for _, y in b]
+        by_label = {int(v): x[r] for x, y in b for r, v in enumerate(y)}
+        assert all(torch.equal(x[r], by_label[int(v)]) for x, y in a for r, v in enumerate(y))
+
+
+@pytest.mark.parametrize("batching", ["ordered", "straggler"])
+def test_a_runs_local_files_are_read_in_one_call(
+    bad_list: tuple[FileList, set[str]], monkeypatch: pytest.MonkeyPatch, batching: str
+) -> None:
+    # Once reads are measured short (`RunLength`: on with batches of 32 on two I/O
+    # threads), a read run's local files go in one native call (one release of the GIL);
+    # a missing file among them fails alone, with its key.
+    from gpu_loader.sources import _io
+
+    if gl.ops.cpu_backend() != "native":
+        pytest.skip("the native extension is not built")
+    source, bad_keys = bad_list
+    real, calls = _io.read_local_files, []
+
+    def counted(keys: Any, paths: Any) -> Any:
+        calls.append(len(keys))
+        return real(keys, paths)
+
+    monkeypatch.setattr(_io, "read_local_files", counted)
+    options = gl.LoaderOptions(io_threads=2, decode_threads=2)
+    loader = make(
+        source, batch_size=32, shuffle=False, on_error="skip", max_failures=None,
+        batching=batching, options=options,
+    )  # fmt: skip
+    assert loader._run_length() is not None
+    good = [source.label(i) for i in range(len(source)) if source.key(i) not in bad_keys]
+    for _ in range(3):
+        assert sorted(labels_of(run_epoch(loader))) == sorted(good)
+        assert {f.key for f in loader.failed_samples(loader.epoch)} == bad_keys
+    loader.close()
+    assert calls and max(calls) > 1
+    missing = next(f for f in loader.failed_samples() if f.key.endswith("missing.jpg"))
+    assert missing.stage == "read" and "not found" in missing.error
 
 
 def test_a_runs_first_bad_file_is_the_one_raise_mode_names(photo_dir: Path, tmp_path: Path) -> None:

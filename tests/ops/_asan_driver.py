@@ -185,6 +185,18 @@ def _check_reads(native: object, cases: list[bytes]) -> int:
             count += 1
         else:
             raise AssertionError("a missing file was read")
+        # read_regulars: the same files in one call, mixed with errors, refusals and a
+        # path that cannot be converted; each result as read_regular's.
+        paths = [os.path.join(tmp, f"{i}.jpg") for i in range(min(len(cases), 6))]
+        mixed = [*paths, os.path.join(tmp, "missing"), tmp, "a\0b", "/proc/self/status"]
+        results, seconds = native.read_regulars(mixed, 100)  # type: ignore[attr-defined]
+        assert len(results) == len(seconds) == len(mixed)
+        for path, got in zip(paths, results, strict=False):
+            assert got == read(path, 100)
+        assert results[len(paths)] == 2 and isinstance(results[len(paths) + 1], tuple)
+        assert isinstance(results[-2], ValueError) and results[-1][2] == 1
+        assert native.read_regulars([], -1) == ([], [])  # type: ignore[attr-defined]
+        count += len(mixed)
     return count
 
 

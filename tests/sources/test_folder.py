@@ -521,6 +521,62 @@ def test_local_reads_at_the_limit_and_their_errors(tmp_path: Path, reader: str) 
             set_max_file_bytes(limit)
 
 
+def test_a_runs_local_files_read_in_one_call_give_what_each_read_alone_gives(
+    tmp_path: Path,
+) -> None:
+    # `read_local_files` (the CPU path's read runs: one release of the GIL for a run) gives
+    # per file the bytes or the error `read_file` gives, type, words, notes and file name.
+    from gpu_loader.ops._backend import native_module
+    from gpu_loader.sources import _io
+
+    if native_module() is None:
+        pytest.skip("the native extension is not built")
+    good = tmp_path / "a.jpg"
+    good.write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "big.jpg").write_bytes(b"x" * 5000)
+    os.mkfifo(tmp_path / "fifo.jpg")
+    (tmp_path / "loop.jpg").symlink_to(tmp_path / "loop.jpg")
+    odd = os.fsdecode(os.fsencode(tmp_path) + b"/\xff.jpg")  # a name that is not UTF-8
+    Path(odd).write_bytes(b"odd")
+    names = ["a.jpg", "empty.jpg", "big.jpg", "gone.jpg", "fifo.jpg", "loop.jpg", "a.jpg/x"]
+    keys = [str(tmp_path / n) for n in names] + [str(tmp_path), str(tmp_path / "n\0.jpg"), odd]
+
+    def alone(key: str) -> object:
+        try:
+            return _io.read_file(key, key)
+        except Exception as exc:
+            return exc
+
+    def same(a: object, b: object) -> bool:
+        if not isinstance(a, Exception):
+            return a == b
+        return (
+            type(a) is type(b)
+            and str(a) == str(b)
+            and getattr(a, "__notes__", None) == getattr(b, "__notes__", None)
+            and getattr(a, "filename", None) == getattr(b, "filename", None)
+            and b.__traceback__ is None  # holds no frame (QA74: one held the whole run)
+        )
+
+    limit = max_file_bytes()
+    try:
+        set_max_file_bytes(4096)
+        got = _io.read_local_files(keys, keys)
+        assert got is not None
+        results, seconds = got
+        assert len(results) == len(seconds) == len(keys) and min(seconds) >= 0
+        expected = [alone(k) for k in keys]
+        assert [type(r) for r in results] == [type(e) for e in expected]
+        assert all(same(e, r) for e, r in zip(expected, results, strict=True))
+        assert results[0] == good.read_bytes() and results[1] == b"" and results[-1] == b"odd"
+        assert "over the 4,096-byte limit" in str(results[2])
+        assert isinstance(results[3], FileNotFoundError) and "not found" in str(results[3])
+    finally:
+        set_max_file_bytes(limit)
+    assert _io.read_local_files([], []) == ([], [])
+
+
 def test_a_limit_changed_during_a_read_words_the_one_it_was_read_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
