@@ -73,6 +73,7 @@ from gpu_loader.pipeline._errors import (
 from gpu_loader.pipeline._runtime import JOIN_TIMEOUT_S
 from gpu_loader.sources import sample_stream
 from gpu_loader.sources._base import FileIndex
+from gpu_loader.sources._tar import TarShards
 
 if TYPE_CHECKING:
     import torch
@@ -1239,10 +1240,9 @@ class CpuEpoch(EpochBase):
         # A run's local files can be read in one call (`reads_at_once`) where reading is
         # the index's own: a subclass's or a patched `read` is called per sample.
         source = loader.source
-        self.local_reads = (
-            isinstance(source, FileIndex)
-            and type(source).read is FileIndex.read
-            and "read" not in vars(source)
+        self.local_reads = "read" not in vars(source) and any(
+            isinstance(source, kind) and type(source).read is kind.read
+            for kind in (FileIndex, TarShards)
         )
         self.run_size = sizer.most if sizer is not None else loader._samples_per_task()
         runs = self.run_size > 1
@@ -1401,7 +1401,7 @@ class CpuEpoch(EpochBase):
 
     def reads_at_once(self, samples: int) -> bool:
         """Whether a run of ``samples`` reads goes in one native call (`read_run_at_once`):
-        local files of a `FileIndex` whose `read` is its own, and reads measured short
+        local files of a `FileIndex` or tar shards whose `read` is its own, and reads measured short
         enough (`RunLength`) that all of them together take at most `RUN_READ_WALL_S`. A
         call cannot stop midway, and a stopping epoch waits for it."""
         lengths = self.lengths
@@ -1412,12 +1412,12 @@ class CpuEpoch(EpochBase):
 
     def read_run_at_once(self, run: list[Task], one: Callable[[Task], None]) -> list[Task]:
         """`read_run` with the run's files read in one native call, one release of the GIL
-        for all (`FileIndex._read_local_run`; per file, the GIL's retake waited ~0.2-0.3
+        for all (`FileIndex._read_local_run`, `TarShards._read_local_run`; per file, the GIL's retake waited ~0.2-0.3
         ms behind the decode threads on tiny files). The call is made at the first sample;
         each sample then fails or not as its own `read` would, and counts its own time.
         Without the native backend, or with a URL among them, each is read alone."""
         source = self.loader.source
-        assert isinstance(source, FileIndex)
+        assert isinstance(source, (FileIndex, TarShards))
         got: dict[int, bytes | Exception] | None = None
         times: dict[int, float] = {}
 

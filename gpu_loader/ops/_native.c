@@ -1477,6 +1477,163 @@ static void read_one(const char *path, long long limit, FileRead *r) {
     }
 }
 
+/* One range of a file (a tar member), the GIL released by the caller: open + fstat +
+ * pread of `size` bytes at `offset` (to EOF if shorter) + close; `stage` says how far it
+ * got (RANGE_*), `err` the errno where it stopped, and the stamp fields a tar index
+ * checks come from the fstat. */
+enum { RANGE_SKIPPED = -1, RANGE_OPEN, RANGE_FSTAT, RANGE_NOT_REGULAR, RANGE_READ, RANGE_OK,
+       RANGE_NOMEM };
+typedef struct {
+    char *buf;
+    size_t len;
+    int stage, err;
+    mode_t mode;
+    long long st_size, mtime_ns, ino;
+    double seconds;
+} RangeRead;
+
+static void read_range_one(const char *path, long long offset, long long size, RangeRead *r) {
+    memset(r, 0, sizeof *r);
+    int flags = O_RDONLY | O_NONBLOCK;
+#ifdef O_CLOEXEC
+    flags |= O_CLOEXEC;
+#endif
+    int fd;
+    do {
+        fd = open(path, flags);
+    } while (fd < 0 && errno == EINTR);
+    struct stat st;
+    if (fd < 0) {
+        r->stage = RANGE_OPEN;
+        r->err = errno;
+        return;
+    }
+    if (fstat(fd, &st) != 0) {
+        r->stage = RANGE_FSTAT;
+        r->err = errno;
+    } else if (r->mode = st.st_mode, !S_ISREG(st.st_mode)) {
+        r->stage = RANGE_NOT_REGULAR;
+    } else {
+        r->st_size = (long long)st.st_size;
+        r->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        r->ino = (long long)st.st_ino;
+        r->buf = malloc(size > 0 ? (size_t)size : 1);
+        r->stage = r->buf == NULL ? RANGE_NOMEM : RANGE_OK;
+        while (r->buf != NULL && (long long)r->len < size) {
+            ssize_t n = pread(fd, r->buf + r->len, (size_t)(size - (long long)r->len),
+                              (off_t)(offset + (long long)r->len));
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                r->stage = RANGE_READ;
+                r->err = errno;
+                break;
+            }
+            if (n == 0) break; /* EOF: short, which the caller words */
+            r->len += (size_t)n;
+        }
+    }
+    close(fd);
+    if (r->stage != RANGE_OK) {
+        free(r->buf);
+        r->buf = NULL;
+    }
+}
+
+/* read_ranges(paths, offsets, sizes) -> (results, seconds)
+ *
+ * `read_range_one` on each (path, offset, size), all in one release of the GIL (a run of
+ * tar members otherwise waits to retake it for each system call). A size < 0 skips its
+ * item. Per item (data, stage, st_mode, st_size, mtime_ns, ino): data is the bytes read
+ * (stage RANGE_OK; fewer than asked at EOF), the errno (open, fstat or pread failed) or
+ * None; and each read's seconds. */
+static PyObject *py_read_ranges(PyObject *self, PyObject *args) {
+    PyObject *paths_arg, *offsets_arg, *sizes_arg;
+    if (!PyArg_ParseTuple(args, "OOO:read_ranges", &paths_arg, &offsets_arg, &sizes_arg))
+        return NULL;
+    PyObject *paths = PySequence_Tuple(paths_arg);
+    PyObject *offsets = paths ? PySequence_Tuple(offsets_arg) : NULL;
+    PyObject *sizes = offsets ? PySequence_Tuple(sizes_arg) : NULL;
+    PyObject **converted = NULL, *results = NULL, *seconds = NULL, *out = NULL;
+    long long *offs = NULL, *lens = NULL;
+    RangeRead *reads = NULL;
+    Py_ssize_t n = 0;
+    if (sizes == NULL) goto done;
+    n = PyTuple_GET_SIZE(paths);
+    if (PyTuple_GET_SIZE(offsets) != n || PyTuple_GET_SIZE(sizes) != n) {
+        PyErr_SetString(PyExc_ValueError, "read_ranges: paths, offsets and sizes differ in length");
+        goto done;
+    }
+    converted = PyMem_Calloc((size_t)(n ? n : 1), sizeof *converted);
+    offs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *offs);
+    lens = PyMem_Calloc((size_t)(n ? n : 1), sizeof *lens);
+    reads = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reads);
+    if (converted == NULL || offs == NULL || lens == NULL || reads == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        offs[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(offsets, i));
+        lens[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, i));
+        if (PyErr_Occurred()) goto done;
+        if (offs[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "read_ranges: a negative offset");
+            goto done;
+        }
+        if (lens[i] >= 0 && !PyUnicode_FSConverter(PyTuple_GET_ITEM(paths, i), &converted[i]))
+            goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (lens[i] < 0) {
+            reads[i].stage = RANGE_SKIPPED;
+            continue;
+        }
+        double began = now_s();
+        read_range_one(PyBytes_AS_STRING(converted[i]), offs[i], lens[i], &reads[i]);
+        reads[i].seconds = now_s() - began;
+    }
+    Py_END_ALLOW_THREADS
+    results = PyList_New(n);
+    seconds = PyList_New(n);
+    if (results == NULL || seconds == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        RangeRead *r = &reads[i];
+        PyObject *data;
+        if (r->stage == RANGE_OK) {
+            data = PyBytes_FromStringAndSize(r->buf, (Py_ssize_t)r->len);
+        } else if (r->stage == RANGE_OPEN || r->stage == RANGE_FSTAT || r->stage == RANGE_READ) {
+            data = PyLong_FromLong(r->err);
+        } else {
+            data = Py_None;
+            Py_INCREF(data);
+        }
+        if (data == NULL) goto done;
+        PyObject *item = Py_BuildValue("(NiiLLL)", data, r->stage, (int)r->mode, r->st_size,
+                                       r->mtime_ns, r->ino);
+        if (item == NULL) goto done;
+        PyList_SET_ITEM(results, i, item);
+        PyObject *t = PyFloat_FromDouble(r->seconds);
+        if (t == NULL) goto done;
+        PyList_SET_ITEM(seconds, i, t);
+    }
+    out = PyTuple_Pack(2, results, seconds);
+done:
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (converted != NULL) Py_XDECREF(converted[i]);
+        if (reads != NULL) free(reads[i].buf);
+    }
+    PyMem_Free(converted);
+    PyMem_Free(offs);
+    PyMem_Free(lens);
+    PyMem_Free(reads);
+    Py_XDECREF(results);
+    Py_XDECREF(seconds);
+    Py_XDECREF(paths);
+    Py_XDECREF(offsets);
+    Py_XDECREF(sizes);
+    return out;
+}
+
 /* read_regular(path, limit) -> bytes | (st_mode, size, grew)
  *
  * `read_one` with the GIL released once. Python's own file calls release and retake it
@@ -1624,6 +1781,10 @@ static PyMethodDef methods[] = {
     {"jpeg_data_damage", py_jpeg_data_damage, METH_VARARGS,
      "jpeg_data_damage(data)\n\nNone, or (kind, at, a, b): what breaks the marker structure "
      "of a JPEG's compressed data (_jpeg_check). GIL released for the walk."},
+    {"read_ranges", py_read_ranges, METH_VARARGS,
+     "read_ranges(paths, offsets, sizes)\n\nEach file's range (a tar member) in one release of "
+     "the GIL: (results, seconds); a result is (data, stage, st_mode, st_size, mtime_ns, "
+     "ino), data the bytes, an errno or None; a size < 0 skips its item."},
     {"read_regulars", py_read_regulars, METH_VARARGS,
      "read_regulars(paths, limit)\n\nread_regular on each path in one release of the GIL: "
      "(results, seconds); a result is bytes, (st_mode, size, grew), an errno, -1 (out of "

@@ -616,7 +616,13 @@ def _check_stamp(key: str, location: str, fd: int, stamp: Stamp | None) -> None:
     """Refuse a read from a local file that changed since it was indexed: offsets into a
     tar shard rewritten in place would read other members' bytes, quietly (QA: two
     members swapped, each delivered with the other's pixels)."""
-    if stamp is not None and file_stamp(fd) != stamp:
+    if stamp is not None:
+        _check_stamp_of(key, location, file_stamp(fd), stamp)
+
+
+def _check_stamp_of(key: str, location: str, found: Stamp, stamp: Stamp | None) -> None:
+    """`_check_stamp` with the file's stamp as read."""
+    if stamp is not None and found != stamp:
         raise OSError(
             errno.ESTALE,
             f"sample {key!r}: {location!r} changed (size, modification time or inode) since "
@@ -645,11 +651,97 @@ def read_range(
         add_key_note(exc, key)
         raise
     if len(data) != size:
-        raise EOFError(
-            f"sample {key!r}: expected {size} bytes at offset {offset} of {location!r}, "
-            f"got {len(data)}; the file was truncated or changed after it was indexed"
-        )
+        raise _short(key, location, offset, size, len(data))
     return data
+
+
+def _short(key: str, location: str, offset: int, size: int, got: int) -> EOFError:
+    return EOFError(
+        f"sample {key!r}: expected {size} bytes at offset {offset} of {location!r}, "
+        f"got {got}; the file was truncated or changed after it was indexed"
+    )
+
+
+def read_local_ranges(
+    keys: Sequence[str],
+    locations: Sequence[str],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    stamps: Sequence[Stamp | None],
+) -> tuple[list[bytes | Exception], list[float]] | None:
+    """`read_range` on ranges of local files (tar members), all in one native call (one
+    release of the GIL for the lot): per range its bytes or the error `read_range` raises
+    (without a traceback), and each read's seconds. None without the native backend or
+    with a location that is not a local file."""
+    from gpu_loader.ops._backend import native_module
+
+    native = native_module()
+    paths = [local_path(location) for location in locations]
+    if native is None or None in paths:
+        return None
+    checked: list[Exception | None] = []
+    for key, size in zip(keys, sizes, strict=True):
+        try:
+            check_size(key, size)
+            checked.append(None)
+        except Exception as exc:
+            checked.append(exc)
+    got, seconds = native.read_ranges(
+        paths, offsets, [-1 if c is not None else n for c, n in zip(checked, sizes, strict=True)]
+    )
+    out: list[bytes | Exception] = []
+    for i, one in enumerate(got):
+        error = checked[i]
+        if error is None:
+            where = (locations[i], paths[i] or "", offsets[i], sizes[i])
+            out.append(_range_outcome(keys[i], *where, stamps[i], one))
+        else:
+            out.append(error.with_traceback(None))
+    return out, seconds
+
+
+def _range_outcome(
+    key: str,
+    location: str,
+    path: str,
+    offset: int,
+    size: int,
+    stamp: Stamp | None,
+    got: tuple[bytes | int | None, int, int, int, int, int],
+) -> bytes | Exception:
+    """One `read_ranges` result as `read_range` gives it: the bytes, or its error without
+    a traceback (so that it holds none of the run's bytes)."""
+    data, stage, mode, st_size, mtime_ns, ino = got
+    try:
+        if stage == 0:  # open failed, as `open_regular`'s os.open
+            assert isinstance(data, int)
+            exc = OSError(data, os.strerror(data), path)
+            if special := _special_file(key, path, exc, "sample"):
+                raise special
+            raise exc
+        if stage == 1:  # its fstat failed (os.fstat names no file)
+            assert isinstance(data, int)
+            raise OSError(data, os.strerror(data))
+        if stage == 2:
+            raise _not_regular(key, path, mode, "sample")
+        _check_stamp_of(key, location, (st_size, mtime_ns, ino), stamp)  # before the read
+        if stage == 3:  # the read failed (os.pread names no file)
+            assert isinstance(data, int)
+            raise OSError(data, os.strerror(data))
+        if stage != 4 or not isinstance(data, bytes):
+            raise MemoryError(f"out of memory reading {key!r}")
+        if len(data) != size:
+            raise _short(key, location, offset, size, len(data))
+        return data
+    except FileNotFoundError:
+        error: Exception = not_found(key, location)
+        error.__suppress_context__ = True
+    except OSError as exc:
+        add_key_note(exc, key)
+        error = exc
+    except Exception as exc:
+        error = exc
+    return error.with_traceback(None)
 
 
 def readinto_range(

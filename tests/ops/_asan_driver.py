@@ -197,6 +197,22 @@ def _check_reads(native: object, cases: list[bytes]) -> int:
         assert isinstance(results[-2], ValueError) and results[-1][2] == 1
         assert native.read_regulars([], -1) == ([], [])  # type: ignore[attr-defined]
         count += len(mixed)
+        # read_ranges: members' ranges (whole, a tail, past the end, skipped) and errors.
+        ranges = native.read_ranges  # type: ignore[attr-defined]
+        sizes = [os.path.getsize(p) for p in paths]
+        got, took = ranges(
+            [*paths, *paths, os.path.join(tmp, "missing"), tmp, paths[0]],
+            [*([0] * len(paths)), *(max(0, n - 3) for n in sizes), 0, 0, 0],
+            [*sizes, *(n + 5 for n in sizes), 1, 1, -1],
+        )
+        assert len(got) == len(took) == 2 * len(paths) + 3
+        for path, size, whole, tail in zip(paths, sizes, got, got[len(paths) :], strict=False):
+            with open(path, "rb") as f:
+                data = f.read()
+            assert whole[0] == data and whole[1] == 4 and whole[3] == size
+            assert tail[0] == data[max(0, size - 3) :]  # short at EOF
+        assert got[-3][:2] == (2, 0) and got[-2][:2] == (None, 2) and got[-1][:2] == (None, -1)
+        count += len(got)
     return count
 
 

@@ -649,3 +649,82 @@ def test_concurrent_reads_from_threads_match(shards: list[Path]) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         for i, data in pool.map(read, order):
             assert data == expected[i]
+
+
+def test_a_runs_members_read_in_one_call_give_what_each_read_alone_gives(
+    shards: list[Path], tmp_path: Path
+) -> None:
+    # `TarShards._read_local_run` (the CPU path's read runs: one release of the GIL for a
+    # run) gives per member the bytes or the error `read` gives alone: type, words, notes;
+    # none holds a traceback (with it, the run's bytes). Members of a good shard, of one
+    # rewritten since indexing (mtime), of a missing one, of one turned into a folder or
+    # a FIFO, one over the byte limit, and one cut short with no stamp to catch it.
+    from gpu_loader.ops._backend import native_module
+
+    if native_module() is None:
+        pytest.skip("the native extension is not built")
+    index = TarShards([str(p) for p in shards])
+    n = len(index)
+    shard_of = {i: index.key(i).rpartition(".tar:")[0] + ".tar" for i in range(n)}
+    first = {s: min(i for i in range(n) if shard_of[i] == s) for s in set(shard_of.values())}
+    good, stale, gone = (first[str(p)] for p in shards)
+    data = shards[1].read_bytes()
+    st = shards[1].stat()
+    shards[1].write_bytes(data)
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    shards[2].unlink()
+    everything = list(range(n))
+
+    def same(a: object, b: object) -> bool:
+        if not isinstance(a, Exception):
+            return a == b
+        return (
+            type(a) is type(b)
+            and str(a) == str(b)
+            and getattr(a, "__notes__", None) == getattr(b, "__notes__", None)
+            and getattr(a, "errno", None) == getattr(b, "errno", None)
+            and b.__traceback__ is None
+        )
+
+    def check(indices: list[int]) -> list[object]:
+        got = index._read_local_run(indices)
+        assert got is not None
+        results, seconds = got
+        assert len(results) == len(seconds) == len(indices)
+        expected = [_read_or_error(index, i) for i in indices]
+        assert all(same(e, r) for e, r in zip(expected, results, strict=True)), (
+            expected,
+            results,
+        )
+        return list(results)
+
+    results = check(everything)
+    assert isinstance(results[good], bytes) and results[good] == index.read(good)
+    assert isinstance(results[stale], OSError) and results[stale].errno == errno.ESTALE
+    assert isinstance(results[gone], FileNotFoundError)
+    limit = max_file_bytes()
+    try:
+        set_max_file_bytes(1)
+        assert all(isinstance(r, ValueError) for r in check(everything))
+    finally:
+        set_max_file_bytes(limit)
+    shards[2].mkdir()
+    assert isinstance(check([gone])[0], OSError)
+    shards[2].rmdir()
+    os.mkfifo(shards[2])
+    assert "FIFO" in str(check([gone])[0])
+    # Cut short with no stamp (a shard indexed without one): the short read's EOFError.
+    cut = TarShards([str(shards[0])])
+    cut._stamps = [None] * len(cut._stamps)
+    shards[0].write_bytes(shards[0].read_bytes()[:600])
+    got = cut._read_local_run(range(len(cut)))
+    assert got is not None
+    assert any(isinstance(r, EOFError) for r in got[0])
+    assert all(same(_read_or_error(cut, i), r) for i, r in enumerate(got[0]))
+
+
+def _read_or_error(index: TarShards, i: int) -> object:
+    try:
+        return index.read(i)
+    except Exception as exc:
+        return exc
