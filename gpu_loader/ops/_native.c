@@ -1488,7 +1488,8 @@ typedef struct {
     size_t len;
     int stage, err;
     mode_t mode;
-    long long st_size, mtime_ns, ino;
+    long long st_size, mtime_ns;
+    unsigned long long ino; /* as Python's os.stat gives it: unsigned (QA75) */
     double seconds;
 } RangeRead;
 
@@ -1516,7 +1517,7 @@ static void read_range_one(const char *path, long long offset, long long size, R
     } else {
         r->st_size = (long long)st.st_size;
         r->mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-        r->ino = (long long)st.st_ino;
+        r->ino = (unsigned long long)st.st_ino;
         r->buf = malloc(size > 0 ? (size_t)size : 1);
         r->stage = r->buf == NULL ? RANGE_NOMEM : RANGE_OK;
         while (r->buf != NULL && (long long)r->len < size) {
@@ -1608,7 +1609,7 @@ static PyObject *py_read_ranges(PyObject *self, PyObject *args) {
             Py_INCREF(data);
         }
         if (data == NULL) goto done;
-        PyObject *item = Py_BuildValue("(NiiLLL)", data, r->stage, (int)r->mode, r->st_size,
+        PyObject *item = Py_BuildValue("(NiiLLK)", data, r->stage, (int)r->mode, r->st_size,
                                        r->mtime_ns, r->ino);
         if (item == NULL) goto done;
         PyList_SET_ITEM(results, i, item);

@@ -717,6 +717,7 @@ def _range_outcome(
             assert isinstance(data, int)
             exc = OSError(data, os.strerror(data), path)
             if special := _special_file(key, path, exc, "sample"):
+                special.__suppress_context__ = True  # `open_regular` raises it from None
                 raise special
             raise exc
         if stage == 1:  # its fstat failed (os.fstat names no file)
