@@ -39,3 +39,20 @@ def shard_bytes(samples: list[tuple[str, str, bytes, int | None]]) -> bytes:
             if label is not None:
                 add_member(tar, f"{key}.cls", str(label).encode())
     return out.getvalue()
+
+
+def same_outcome(alone: object, batched: object) -> bool:
+    """A batched read's result (`_read_local_run`) against the one-by-one `read`'s: the
+    same bytes, or an error of the same type, words, notes, errno and file name, which
+    holds no traceback (QA74: one held the whole run's bytes)."""
+    if not isinstance(alone, Exception):
+        return alone == batched
+    return (
+        type(alone) is type(batched)
+        and str(alone) == str(batched)
+        and getattr(alone, "__notes__", None) == getattr(batched, "__notes__", None)
+        and getattr(alone, "errno", None) == getattr(batched, "errno", None)
+        and getattr(alone, "filename", None) == getattr(batched, "filename", None)
+        and isinstance(batched, Exception)
+        and batched.__traceback__ is None
+    )

@@ -16,6 +16,7 @@ import pytest
 from gpu_loader.ops._backend import forced
 from gpu_loader.sources import BufferTooSmallError, ImageFolder, SampleIndex
 from gpu_loader.sources._io import max_file_bytes, read_file, set_max_file_bytes
+from tests.sources._data import same_outcome
 from tests.sources.conftest import TREE_EXPECTED, copy_to_memory
 
 
@@ -548,17 +549,6 @@ def test_a_runs_local_files_read_in_one_call_give_what_each_read_alone_gives(
         except Exception as exc:
             return exc
 
-    def same(a: object, b: object) -> bool:
-        if not isinstance(a, Exception):
-            return a == b
-        return (
-            type(a) is type(b)
-            and str(a) == str(b)
-            and getattr(a, "__notes__", None) == getattr(b, "__notes__", None)
-            and getattr(a, "filename", None) == getattr(b, "filename", None)
-            and b.__traceback__ is None  # holds no frame (QA74: one held the whole run)
-        )
-
     limit = max_file_bytes()
     try:
         set_max_file_bytes(4096)
@@ -568,7 +558,7 @@ def test_a_runs_local_files_read_in_one_call_give_what_each_read_alone_gives(
         assert len(results) == len(seconds) == len(keys) and min(seconds) >= 0
         expected = [alone(k) for k in keys]
         assert [type(r) for r in results] == [type(e) for e in expected]
-        assert all(same(e, r) for e, r in zip(expected, results, strict=True))
+        assert all(same_outcome(e, r) for e, r in zip(expected, results, strict=True))
         assert results[0] == good.read_bytes() and results[1] == b"" and results[-1] == b"odd"
         assert "over the 4,096-byte limit" in str(results[2])
         assert isinstance(results[3], FileNotFoundError) and "not found" in str(results[3])

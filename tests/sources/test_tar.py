@@ -18,7 +18,7 @@ import pytest
 from gpu_loader.sources import BufferTooSmallError, SampleIndex, TarShards, expand_urls
 from gpu_loader.sources._io import max_file_bytes, set_max_file_bytes
 from gpu_loader.sources._tar import _is_header
-from tests.sources._data import add_member, image_bytes, shard_bytes
+from tests.sources._data import add_member, image_bytes, same_outcome, shard_bytes
 
 
 def _samples(shard: int, count: int) -> list[tuple[str, str, bytes, int | None]]:
@@ -675,24 +675,13 @@ def test_a_runs_members_read_in_one_call_give_what_each_read_alone_gives(
     shards[2].unlink()
     everything = list(range(n))
 
-    def same(a: object, b: object) -> bool:
-        if not isinstance(a, Exception):
-            return a == b
-        return (
-            type(a) is type(b)
-            and str(a) == str(b)
-            and getattr(a, "__notes__", None) == getattr(b, "__notes__", None)
-            and getattr(a, "errno", None) == getattr(b, "errno", None)
-            and b.__traceback__ is None
-        )
-
     def check(indices: list[int]) -> list[object]:
         got = index._read_local_run(indices)
         assert got is not None
         results, seconds = got
         assert len(results) == len(seconds) == len(indices)
         expected = [_read_or_error(index, i) for i in indices]
-        assert all(same(e, r) for e, r in zip(expected, results, strict=True)), (
+        assert all(same_outcome(e, r) for e, r in zip(expected, results, strict=True)), (
             expected,
             results,
         )
@@ -720,7 +709,7 @@ def test_a_runs_members_read_in_one_call_give_what_each_read_alone_gives(
     got = cut._read_local_run(range(len(cut)))
     assert got is not None
     assert any(isinstance(r, EOFError) for r in got[0])
-    assert all(same(_read_or_error(cut, i), r) for i, r in enumerate(got[0]))
+    assert all(same_outcome(_read_or_error(cut, i), r) for i, r in enumerate(got[0]))
 
 
 def _read_or_error(index: TarShards, i: int) -> object:
