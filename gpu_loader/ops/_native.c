@@ -1397,6 +1397,20 @@ done:
 
 /* ------------------------------------------------------------------ whole-file reads */
 
+/* open(path) for reading, non-blocking (a FIFO fails at once) and close-on-exec, again
+ * after an EINTR: the fd, or -1 with errno set. */
+static int open_nonblocking(const char *path) {
+    int flags = O_RDONLY | O_NONBLOCK;
+#ifdef O_CLOEXEC
+    flags |= O_CLOEXEC;
+#endif
+    int fd;
+    do {
+        fd = open(path, flags);
+    } while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
 /* One whole-file read, the GIL released by the caller: open + fstat + read to EOF +
  * close. Opened non-blocking (a FIFO fails at once). A file that is not regular, or holds
  * more than `limit` bytes (-1: no limit), is not read (`refused`, with its mode and size);
@@ -1418,14 +1432,7 @@ static double now_s(void) {
 
 static void read_one(const char *path, long long limit, FileRead *r) {
     memset(r, 0, sizeof *r);
-    int flags = O_RDONLY | O_NONBLOCK;
-#ifdef O_CLOEXEC
-    flags |= O_CLOEXEC;
-#endif
-    int fd;
-    do {
-        fd = open(path, flags);
-    } while (fd < 0 && errno == EINTR);
+    int fd = open_nonblocking(path);
     struct stat st;
     if (fd < 0) {
         r->err = errno;
@@ -1495,14 +1502,7 @@ typedef struct {
 
 static void read_range_one(const char *path, long long offset, long long size, RangeRead *r) {
     memset(r, 0, sizeof *r);
-    int flags = O_RDONLY | O_NONBLOCK;
-#ifdef O_CLOEXEC
-    flags |= O_CLOEXEC;
-#endif
-    int fd;
-    do {
-        fd = open(path, flags);
-    } while (fd < 0 && errno == EINTR);
+    int fd = open_nonblocking(path);
     struct stat st;
     if (fd < 0) {
         r->stage = RANGE_OPEN;
