@@ -16,7 +16,7 @@ import posixpath
 import re
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_loader._compat import add_note
@@ -437,12 +437,9 @@ def read_file(key: str, location: str) -> bytes:
 def _read_error(key: str, location: str, path: str | None, exc: OSError) -> OSError:
     """What `read_file` raises for ``exc``: a missing file or a special one in their own
     words, any other error with the key noted on it (``path``: the local path, if any)."""
-    if isinstance(exc, FileNotFoundError):
-        return not_found(key, location)
     if path is not None and (special := _special_file(key, path, exc, "sample")):
-        return special
-    add_key_note(exc, key)
-    return exc
+        return special  # never a FileNotFoundError's (ENXIO, ENODEV only)
+    return _keyed_error(key, location, exc)
 
 
 def read_local_files(
@@ -469,7 +466,8 @@ def _local_outcome(
 ) -> bytes | Exception:
     """One `read_regulars` result as `read_file` would give it: its bytes, or the error,
     with no traceback (QA74: raised in the caller's frame, it held every file of the call)."""
-    try:
+
+    def read() -> bytes:
         if isinstance(got, Exception):  # the path's conversion (a NUL in it)
             raise got
         if isinstance(got, int):
@@ -477,9 +475,20 @@ def _local_outcome(
                 raise MemoryError(f"out of memory reading {key!r}")
             raise OSError(got, os.strerror(got), path)  # its subclass, as the OS says
         return _local_bytes(key, path, got, limit)
+
+    return _outcome(read, lambda exc: _read_error(key, key, path, exc))
+
+
+def _outcome(read: Callable[[], bytes], mapped: Callable[[OSError], OSError]) -> bytes | Exception:
+    """``read()``'s bytes, or the error it raised (an OSError as ``mapped`` words it, which
+    its one-by-one twin raises from None) with no traceback: returned in a list for a
+    whole run, one would hold the frames, and with them every file of the run."""
+    try:
+        return read()
     except OSError as exc:
-        error: Exception = _read_error(key, key, path, exc)
-        error.__suppress_context__ = error is not exc  # `read_file` raises it from None
+        error: Exception = mapped(exc)
+        if error is not exc:
+            error.__suppress_context__ = True
     except Exception as exc:
         error = exc
     return error.with_traceback(None)
@@ -502,9 +511,9 @@ def _read_local(key: str, path: str) -> bytes:
     retake waits), else Python's; the same checks either way."""
     from gpu_loader.ops._backend import native_module
 
+    limit = _file_limit()
     native = native_module()
     if native is None:
-        limit = _file_limit()
         with open_regular(key, path) as f:
             size = os.fstat(f.fileno()).st_size
             if limit is None:
@@ -512,7 +521,6 @@ def _read_local(key: str, path: str) -> bytes:
             if size > limit:
                 raise _over_limit(key, size, limit)
             return _read_capped(f, key, limit)  # a file may hold more than fstat said
-    limit = _file_limit()
     return _local_bytes(key, path, native.read_regular(path, -1 if limit is None else limit), limit)
 
 
@@ -645,14 +653,23 @@ def read_range(
             with open_regular(key, path) as f:
                 _check_stamp(key, location, f.fileno(), stamp)
                 data = os.pread(f.fileno(), size, offset)
-    except FileNotFoundError:
-        raise not_found(key, location) from None
     except OSError as exc:
-        add_key_note(exc, key)
-        raise
+        error = _keyed_error(key, location, exc)
+        if error is exc:
+            raise
+        raise error from None
     if len(data) != size:
         raise _short(key, location, offset, size, len(data))
     return data
+
+
+def _keyed_error(key: str, location: str, exc: OSError) -> OSError:
+    """What `read_range` (and `read_file`, special files aside) raises for ``exc``: a
+    missing file in its own words, any other error with the key noted on it."""
+    if isinstance(exc, FileNotFoundError):
+        return not_found(key, location)
+    add_key_note(exc, key)
+    return exc
 
 
 def _short(key: str, location: str, offset: int, size: int, got: int) -> EOFError:
@@ -712,7 +729,8 @@ def _range_outcome(
     """One `read_ranges` result as `read_range` gives it: the bytes, or its error without
     a traceback (so that it holds none of the run's bytes)."""
     data, stage, mode, st_size, mtime_ns, ino = got
-    try:
+
+    def read() -> bytes:
         if stage == 0:  # open failed, as `open_regular`'s os.open
             assert isinstance(data, int)
             exc = OSError(data, os.strerror(data), path)
@@ -734,15 +752,8 @@ def _range_outcome(
         if len(data) != size:
             raise _short(key, location, offset, size, len(data))
         return data
-    except FileNotFoundError:
-        error: Exception = not_found(key, location)
-        error.__suppress_context__ = True
-    except OSError as exc:
-        add_key_note(exc, key)
-        error = exc
-    except Exception as exc:
-        error = exc
-    return error.with_traceback(None)
+
+    return _outcome(read, lambda exc: _keyed_error(key, location, exc))
 
 
 def readinto_range(
