@@ -1356,21 +1356,38 @@ class CpuEpoch(EpochBase):
         """Decode ``task`` into its place: its row of its nominal batch's tensor (ordered
         mode), or where `StragglerRows` puts it (straggler mode, told when it ends and in
         which ``run``)."""
-        rows = self.rows
-        if rows is None:
+        if self.rows is None:
             self.load(task, self.slot(task.position))
         else:
-            if run is not None:
-                rows.run_decoding(run)
-            placed = rows.place(task.position, len(task.data or b""))
+            placed, done = self.place(task, run)
             try:
                 self.load(task, placed.array)
             except BaseException:
-                rows.finished(placed, ok=False)
+                done(False)
                 raise
-            rows.finished(placed, ok=True, run=run)
-            task.out = placed
+            done(True)
         task.data = None
+
+    def place(self, task: Task, run: Run | None) -> tuple[Placed, Callable[[bool], None]]:
+        """Straggler mode: where ``task`` decodes (`StragglerRows.place`, the next decode of
+        ``run``), and what to call once, whether it decoded or not: the rows are told (the
+        sample waits for ``run`` to end) and, if it did, the task holds its place."""
+        rows = self.rows
+        assert rows is not None
+        if run is not None:
+            rows.run_decoding(run)
+        placed, told = rows.place(task.position, len(task.data or b"")), False
+
+        def done(ok: bool) -> None:
+            nonlocal told
+            if told:
+                return
+            told = True
+            rows.finished(placed, ok=ok, run=run)
+            if ok:
+                task.out = placed
+
+        return placed, done
 
     # Runs (see `__init__`): each sample that fails is recorded and left
     # out of the run; the rest go on. A stopping epoch ends a run after its current sample
@@ -1471,13 +1488,11 @@ class CpuEpoch(EpochBase):
         jobs: list[Deferred] = []
 
         def prepare(task: Task) -> bool:
-            placed: Placed | None = None
+            done: Callable[[bool], None] | None = None
             if rows is None:
                 out = self.slot(task.position)
             else:
-                assert state is not None
-                rows.run_decoding(state)
-                placed = rows.place(task.position, len(task.data or b""))
+                placed, done = self.place(task, state)
                 out = placed.array
             try:
                 job = prepare_load(
@@ -1495,38 +1510,18 @@ class CpuEpoch(EpochBase):
                     task.data = None  # `job` holds the bytes until the call ends
                     decode_prepared(job)
                 else:
-                    done = None if placed is None else self.placed_done(task, placed, state)
                     jobs.append(Deferred(task, job, done))
                     return True  # decoded after the others
             except BaseException:
-                if placed is not None:
-                    assert rows is not None
-                    rows.finished(placed, ok=False)
+                if done is not None:
+                    done(False)
                 raise
-            if placed is not None:
-                assert rows is not None
-                rows.finished(placed, ok=True, run=state)
-                task.out = placed
+            if done is not None:
+                done(True)
             task.data = None
             return False
 
         return self.each_in_run("decode", run, prepare, later=jobs)
-
-    def placed_done(self, task: Task, placed: Placed, run: Run | None) -> Callable[[bool], None]:
-        """A deferred decode's `Deferred.done` in straggler mode: `decode_one`'s end."""
-        rows, told = self.rows, False
-        assert rows is not None
-
-        def done(ok: bool) -> None:
-            nonlocal told
-            if told:
-                return
-            told = True
-            rows.finished(placed, ok=ok, run=run)
-            if ok:
-                task.out = placed
-
-        return done
 
     def each_in_run(
         self,
